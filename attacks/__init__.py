@@ -1,0 +1,1 @@
+"""Inversion attacks on the hidden states a split-inference cloud sees."""

@@ -1,0 +1,1 @@
+"""Privacy-vs-speed benchmark harness."""

@@ -1,0 +1,134 @@
+"""The ``splitinfer`` command: ``generate``, and the ``bench`` / ``attack`` groups.
+
+Each package owns its sub-commands: this module mounts the runtime's own
+(``generate``) and calls ``register(subparsers)`` of ``benchmarks.cli`` and
+``attacks.cli``. Errors the user can fix print one line (``splitinfer:
+error: ...``) and exit with status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+from splitinfer.errors import SplitInferError
+
+log = logging.getLogger("splitinfer")
+
+
+def add_model_args(p: argparse.ArgumentParser, split_default: str | None = "2,2") -> None:
+    """Flags shared by every command that loads a model."""
+    p.add_argument("--model", default="default", help="default | gemma3-270m | tiny-random | DIR | FILE.gguf | org/name")
+    if split_default is not None:
+        p.add_argument("--split", default=split_default, help="HEAD,TAIL local layer counts (default %(default)s)")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default %(default)s)")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"], help="compute dtype")
+
+
+def add_link_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rtt-ms", type=float, default=0.0, help="emulated round-trip time in ms")
+    p.add_argument("--bandwidth-mbps", type=float, default=None, help="emulated bandwidth in Mbit/s (default unlimited)")
+    p.add_argument("--jitter-ms", type=float, default=0.0, help="std-dev of emulated RTT jitter in ms (seeded)")
+    p.add_argument("--wire-dtype", default="fp16", choices=["fp16", "fp32", "bf16"], help="hidden-state dtype on the wire")
+
+
+def quiet_libraries() -> None:
+    """Keep third-party progress bars and warnings off the user's terminal."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        import transformers
+
+        transformers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def load_for_cli(args):
+    from splitinfer.models import load_model
+
+    log.info("loading model %s", args.model)
+    return load_model(args.model, dtype=args.dtype, device=args.device, seed=getattr(args, "seed", 0))
+
+
+def cmd_generate(args) -> int:
+    from splitinfer.client import SplitModel
+    from splitinfer.link import WanProfile
+
+    loaded = load_for_cli(args)
+    wan = WanProfile(rtt_ms=args.rtt_ms, bandwidth_mbps=args.bandwidth_mbps, jitter_ms=args.jitter_ms, seed=args.seed)
+    sm = SplitModel(loaded, args.split, wan=wan, wire_dtype=args.wire_dtype)
+    stream_to = sys.stderr if args.json else sys.stdout
+    res = sm.generate(
+        args.prompt,
+        args.max_new_tokens,
+        chat=args.chat,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        on_text=lambda t: (stream_to.write(t), stream_to.flush()),
+    )
+    stream_to.write("\n")
+    s = res.summary()
+    b = s["breakdown_ms"]
+    print(
+        f"[{s['new_tokens']} tokens in {s['steps']} steps, {s['tokens_per_step']:.2f} tok/step, "
+        f"{s['tok_s']:.2f} tok/s; sent {s['bytes_sent']} B, received {s['bytes_received']} B; per step ms: "
+        + ", ".join(f"{k[:-3]} {v:.2f}" for k, v in b.items())
+        + "]",
+        file=sys.stderr,
+    )
+    if args.json:
+        print(json.dumps({**s, "model": loaded.spec, "model_sha256": loaded.sha256, "split": str(sm.split),
+                          "rtt_ms": args.rtt_ms, "bandwidth_mbps": args.bandwidth_mbps,
+                          "wire_dtype": args.wire_dtype}))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="splitinfer", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text with the model split across a (emulated) cloud")
+    add_model_args(g)
+    add_link_args(g)
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--json", action="store_true", help="print a JSON summary as the last line of stdout")
+    g.add_argument("prompt")
+    g.set_defaults(func=cmd_generate)
+
+    from attacks.cli import register as register_attack
+    from benchmarks.cli import register as register_bench
+
+    register_bench(sub)
+    register_attack(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    quiet_libraries()
+    from attacks.errors import AttackError
+
+    try:
+        return int(args.func(args) or 0)
+    except (SplitInferError, AttackError) as e:
+        print(f"splitinfer: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("splitinfer: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,307 @@
+"""The local side of split inference: head and tail here, body in the cloud.
+
+:class:`SplitModel` keeps the embedding, the first ``a`` and the last ``b``
+layers, the final norm and the LM head on the user's machine; only hidden
+states cross the link. ``generate`` decodes greedily by default (token-
+identical to the unsplit model) or samples with a seeded generator, streams
+tokens, stops on EOS and records a :class:`~splitinfer.timing.StepTiming`
+per round trip.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from splitinfer.errors import SplitInferError
+from splitinfer.link import InProcessLink, Link, WanProfile
+from splitinfer.models import LoadedModel, weights_sha256
+from splitinfer.partition import CloudBody, LocalHead, LocalTail, SplitConfig, param_bytes
+from splitinfer.protocol import wire_dtype as parse_wire_dtype
+from splitinfer.remote import RemoteBody
+from splitinfer.session import BodyService, ServiceLimits
+from splitinfer.timing import StepTiming, mean_breakdown
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepEvent:
+    """What one round trip produced."""
+
+    token_ids: list[int]  # tokens committed by this step
+    text: str  # new text (may lag a token behind on split UTF-8 sequences)
+    timing: StepTiming
+    logits: torch.Tensor | None = None  # (n, V) logits that chose token_ids, if recorded
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    prompt_ids: list[int]
+    steps: list[StepTiming]
+    wall_s: float
+    bytes_sent: int
+    bytes_received: int
+    logits: list[torch.Tensor] = field(default_factory=list)  # per emitted token, (V,)
+
+    @property
+    def tokens_per_step(self) -> float:
+        return len(self.token_ids) / max(1, len(self.steps))
+
+    @property
+    def tok_s(self) -> float:
+        return len(self.token_ids) / self.wall_s if self.wall_s > 0 else 0.0
+
+    def summary(self) -> dict:
+        """The ``--json`` summary of DESIGN/issue 2."""
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "prompt_tokens": len(self.prompt_ids),
+            "new_tokens": len(self.token_ids),
+            "steps": len(self.steps),
+            "tokens_per_step": self.tokens_per_step,
+            "tok_s": self.tok_s,
+            "wall_s": self.wall_s,
+            "bytes_sent": self.bytes_sent,
+            "bytes_received": self.bytes_received,
+            "breakdown_ms": mean_breakdown(self.steps),
+            "prefill_ms": self.steps[0].total_ms if self.steps else 0.0,
+        }
+
+
+def body_info(model_spec: str, split: SplitConfig, body: CloudBody, hidden_size: int, num_layers: int) -> dict:
+    """What a cloud body announces at hello, and what a client checks."""
+    return {
+        "model": model_spec,
+        "body_sha256": weights_sha256(body),
+        "hidden_size": hidden_size,
+        "split": str(split),
+        "num_layers": num_layers,
+    }
+
+
+class SplitModel:
+    """A causal LM run as local head -> cloud body -> local tail."""
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        split: SplitConfig | str,
+        *,
+        cloud: str | Link | None = None,
+        wan: WanProfile | None = None,
+        wire_dtype: str = "fp16",
+        service_limits: ServiceLimits | None = None,
+    ):
+        self.loaded = loaded
+        self.split = SplitConfig.parse(split) if isinstance(split, str) else split
+        self.split.validate(loaded.num_layers)
+        self.wire_dtype = parse_wire_dtype(wire_dtype)
+        model = loaded.model
+        self.head = LocalHead(model, self.split)
+        self.tail = LocalTail(model, self.split)
+        body = CloudBody.from_model(model, self.split)
+        info = body_info(loaded.spec, self.split, body, loaded.hidden_size, loaded.num_layers)
+        if cloud is None:
+            link: Link = InProcessLink(BodyService(body, info, service_limits or ServiceLimits()), wan)
+            self.local_body: CloudBody | None = body  # only for memory reports; never called directly
+        elif isinstance(cloud, Link):
+            link, self.local_body = cloud, None
+        else:
+            raise SplitInferError(f"cannot connect to cloud {cloud!r}: pass a Link instance or leave it unset")
+        self.link = link
+        expect = {k: info[k] for k in ("body_sha256", "hidden_size", "split")}
+        self.remote = RemoteBody(link, expect)
+        self.remote.hello()
+        self.device = next(model.parameters()).device
+        self.max_context = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+
+    # ------------------------------------------------------------------ memory
+    def local_param_bytes(self) -> int:
+        return param_bytes(self.head) + param_bytes(self.tail)
+
+    # ------------------------------------------------------------------ steps
+    def encode_prompt(self, prompt: str | list[int], chat: bool = False) -> list[int]:
+        tok = self.loaded.tokenizer
+        if isinstance(prompt, list):
+            ids = [int(i) for i in prompt]
+        elif chat:
+            if not getattr(tok, "chat_template", None):
+                raise SplitInferError(f"model {self.loaded.spec!r} has no chat template; drop --chat")
+            ids = tok.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+            ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        else:
+            ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        if not ids:
+            raise SplitInferError("the prompt is empty; give at least one token of text")
+        vocab = self.loaded.model.config.vocab_size
+        if any(not 0 <= i < vocab for i in ids):
+            raise SplitInferError(f"prompt token ids must lie in [0, {vocab})")
+        return ids
+
+    def forward_step(
+        self,
+        head_cache,
+        tail_cache,
+        tokens: list[int],
+        positions: list[int],
+        parents: list[int] | None = None,
+        keep: dict | None = None,
+    ) -> tuple[torch.Tensor, StepTiming]:  # logits (T, V) fp32
+        """One round trip: head -> cloud body -> tail for ``tokens`` at ``positions``.
+
+        ``keep`` ({"prefix", "accepted"}) first commits the accepted path of
+        the previous tree step in all three caches; ``parents`` makes the new
+        tokens a tree. The caller commits on its side; the body gets ``keep``
+        inside this same frame, so a step is exactly one round trip.
+        """
+        timing = StepTiming(tokens_sent=len(tokens))
+        t0 = time.perf_counter()
+        if keep is not None:
+            head_cache.keep(keep["prefix"], keep["accepted"])
+            tail_cache.keep(keep["prefix"], keep["accepted"])
+        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)  # (1, T)
+        pos = torch.tensor(positions, dtype=torch.long)  # (T,)
+        hidden = self.head(ids, pos, head_cache, parents)  # (1, T, d)
+        t1 = time.perf_counter()
+        sent = hidden.to(self.wire_dtype)
+        t_cast = time.perf_counter()
+        back, ft = self.remote.forward(sent, positions, parents, keep)  # (1, T, d) wire dtype
+        t2 = time.perf_counter()
+        back = back.to(device=self.device, dtype=hidden.dtype)
+        logits = self.tail(back, pos, tail_cache, parents)[0]  # (T, V)
+        t3 = time.perf_counter()
+        timing.head_ms = 1e3 * (t1 - t0)
+        timing.tail_ms = 1e3 * (t3 - t2)
+        timing.body_ms = ft.body_ms
+        timing.codec_ms = 1e3 * (t_cast - t1) + ft.encode_ms + ft.decode_ms + ft.server_codec_ms
+        timing.network_ms = ft.network_ms
+        timing.bytes_up, timing.bytes_down = ft.bytes_up, ft.bytes_down
+        timing.finish(1e3 * (t3 - t0))
+        return logits, timing
+
+    # ------------------------------------------------------------------ generation
+    def stream(
+        self,
+        prompt: str | list[int],
+        max_new_tokens: int = 128,
+        *,
+        chat: bool = False,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        stop_on_eos: bool = True,
+        record_logits: bool = False,
+    ) -> Iterator[StepEvent]:
+        """Yield one :class:`StepEvent` per round trip while generating."""
+        if max_new_tokens < 1:
+            raise SplitInferError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if temperature < 0 or not 0 < top_p <= 1:
+            raise SplitInferError(f"need temperature >= 0 and 0 < top_p <= 1 (got {temperature}, {top_p})")
+        prompt_ids = self.encode_prompt(prompt, chat)
+        if self.max_context and len(prompt_ids) + max_new_tokens > self.max_context:
+            raise SplitInferError(
+                f"prompt of {len(prompt_ids)} tokens + {max_new_tokens} new tokens exceeds the model's "
+                f"context limit of {self.max_context} tokens; shorten the prompt or lower --max-new-tokens"
+            )
+        select = _selector(temperature, top_p, seed, self.device)
+        eos = _eos_ids(self.loaded) if stop_on_eos else set()
+        detok = _Detokenizer(self.loaded.tokenizer)
+        head_cache, tail_cache = self.head.new_cache(), self.tail.new_cache()
+        self.remote.open()
+        try:
+            tokens, positions = prompt_ids, list(range(len(prompt_ids)))
+            for _ in range(max_new_tokens):
+                logits, timing = self.forward_step(head_cache, tail_cache, tokens, positions)
+                t0 = time.perf_counter()
+                last = logits[-1]  # (V,)
+                nxt = select(last)
+                timing.tail_ms += 1e3 * (time.perf_counter() - t0)
+                timing.tokens_committed = 1
+                yield StepEvent([nxt], detok.add([nxt]), timing, last[None].clone() if record_logits else None)
+                if nxt in eos:
+                    break
+                tokens, positions = [nxt], [positions[-1] + 1]
+        finally:
+            try:
+                self.remote.close()
+            except SplitInferError as e:  # the session may already be gone; keep the real error
+                log.warning("closing the cloud session failed: %s", e)
+
+    def generate(
+        self, prompt: str | list[int], max_new_tokens: int = 128, *, on_text: Callable[[str], None] | None = None,
+        **kwargs,
+    ) -> GenerationResult:
+        """Generate and collect: text, token ids, per-step timings, bytes (and logits if asked)."""
+        prompt_ids = self.encode_prompt(prompt, kwargs.get("chat", False))
+        sent0, recv0 = self.link.stats.bytes_sent, self.link.stats.bytes_received
+        t0 = time.perf_counter()
+        ids, steps, logits, texts = [], [], [], []
+        for ev in self.stream(prompt_ids, max_new_tokens, **{k: v for k, v in kwargs.items() if k != "chat"}):
+            ids += ev.token_ids
+            steps.append(ev.timing)
+            texts.append(ev.text)
+            if ev.logits is not None:
+                logits += list(ev.logits)
+            if on_text and ev.text:
+                on_text(ev.text)
+        wall = time.perf_counter() - t0
+        text = self.loaded.tokenizer.decode(ids, skip_special_tokens=True)
+        return GenerationResult(
+            text, ids, prompt_ids, steps, wall,
+            self.link.stats.bytes_sent - sent0, self.link.stats.bytes_received - recv0, logits,
+        )
+
+    def close(self) -> None:
+        self.link.close()
+
+
+def _eos_ids(loaded: LoadedModel) -> set[int]:
+    eos = loaded.model.generation_config.eos_token_id if loaded.model.generation_config else None
+    if eos is None:
+        eos = loaded.model.config.eos_token_id
+    if eos is None:
+        eos = loaded.tokenizer.eos_token_id
+    return set(eos) if isinstance(eos, (list, tuple)) else ({eos} if eos is not None else set())
+
+
+def _selector(temperature: float, top_p: float, seed: int, device) -> Callable[[torch.Tensor], int]:
+    """Greedy argmax, or seeded temperature / nucleus sampling."""
+    if temperature == 0:
+        return lambda logits: int(torch.argmax(logits))
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+
+    def sample(logits: torch.Tensor) -> int:
+        probs = torch.softmax(logits.float().cpu() / temperature, dim=-1)
+        if top_p < 1.0:
+            sorted_p, order = torch.sort(probs, descending=True)
+            cut = torch.cumsum(sorted_p, 0) - sorted_p >= top_p  # drop tokens once mass >= top_p is reached
+            sorted_p[cut] = 0.0
+            probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
+        return int(torch.multinomial(probs, 1, generator=gen))
+
+    return sample
+
+
+class _Detokenizer:
+    """Incremental decoding that never emits half a UTF-8 character."""
+
+    def __init__(self, tokenizer):
+        self.tok, self.ids, self.emitted = tokenizer, [], 0
+
+    def add(self, ids: list[int]) -> str:
+        self.ids += ids
+        text = self.tok.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return ""
+        new, self.emitted = text[self.emitted :], len(text)
+        return new

@@ -1,0 +1,1 @@
+"""Speculative decoding across the split: proposers, token trees and the verifier."""
