@@ -26,6 +26,24 @@ def cmd_speed(args) -> int:
     return 0
 
 
+def cmd_exactness(args) -> int:
+    from benchmarks.exactness import PROMPTS, SPLITS, format_exactness, run_exactness
+    from splitinfer.cli import load_for_cli
+
+    loaded = load_for_cli(args)
+    splits = args.splits.split(";") if args.splits else SPLITS
+    rows = run_exactness(loaded, splits, PROMPTS[: args.prompts], n_tokens=args.tokens,
+                         wires=tuple(args.wire.split(",")))
+    print(format_exactness(rows))
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(rows, indent=2))
+        print(f"results written to {out}")
+    bad = [r for r in rows if r["wire"] == "fp32" and (not r["identical"] or r["max_logit_diff"] > 1e-4)]
+    return 1 if bad else 0
+
+
 def register(sub) -> None:
     from splitinfer.cli import add_model_args
 
@@ -40,6 +58,15 @@ def register(sub) -> None:
     s.add_argument("--tokens", type=int, default=64, help="tokens generated per measurement")
     s.add_argument("--out", default=None, help="also write the figures as JSON here")
     s.set_defaults(func=cmd_speed)
+
+    e = bsub.add_parser("exactness", help="split vs unsplit greedy generation: token identity and logit diff")
+    add_model_args(e, split_default=None)
+    e.add_argument("--splits", default=None, help="splits separated by ';' (default 1,1;2,2;4,4;8,8;2,8;12,12)")
+    e.add_argument("--prompts", type=int, default=8, help="number of built-in prompts (max 8)")
+    e.add_argument("--tokens", type=int, default=64)
+    e.add_argument("--wire", default="fp32,fp16", help="wire dtypes to check (default %(default)s)")
+    e.add_argument("--out", default=None, help="also write the rows as JSON here")
+    e.set_defaults(func=cmd_exactness)
 
     from benchmarks import regress
 

@@ -1,0 +1,27 @@
+import json
+
+from splitinfer.cli import main
+
+
+def test_generate_json_summary(capsys):
+    rc = main(["generate", "--model", "tiny-random", "--split", "2,2", "--max-new-tokens", "6", "--rtt-ms", "1",
+               "--bandwidth-mbps", "100", "--wire-dtype", "fp32", "--json", "Hello"])
+    out = capsys.readouterr()
+    assert rc == 0
+    summary = json.loads(out.out.strip().splitlines()[-1])
+    for key in ("text", "token_ids", "steps", "tokens_per_step", "tok_s", "bytes_sent", "bytes_received",
+                "breakdown_ms"):
+        assert key in summary
+    assert summary["steps"] == len(summary["token_ids"]) <= 6
+    assert "tok/s" in out.err
+
+
+def test_errors_are_one_line(capsys):
+    for argv, msg in (
+        (["generate", "--model", "tiny-random", "--split", "9,9", "hi"], "bad split 9,9"),
+        (["generate", "--model", "nope", "hi"], "unknown model spec 'nope'"),
+        (["generate", "--model", "tiny-random", "--split", "x", "hi"], "bad split 'x'"),
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("splitinfer: error:") and msg in err[0]
