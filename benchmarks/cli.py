@@ -68,8 +68,45 @@ def register(sub) -> None:
     e.add_argument("--out", default=None, help="also write the rows as JSON here")
     e.set_defaults(func=cmd_exactness)
 
+    register_harness(bsub)
+
     from benchmarks import regress
 
     r = bsub.add_parser("regress", help="compare results.json against a committed baseline")
     regress.add_arguments(r)
     r.set_defaults(func=regress.run)
+
+
+def cmd_run(args) -> int:
+    from benchmarks.run import run_suite
+    from benchmarks.suite import load_suite
+
+    suite = load_suite(args.suite)
+    out = args.out or f"reports/{suite.name}"
+    path = run_suite(suite, out, stages=args.stages.split(",") if args.stages else None)
+    print(f"results written to {path}")
+    print(f"report written to {Path(out) / 'report.md'}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from benchmarks.report import write_report
+    from benchmarks.schema import load
+
+    results = load(args.results)
+    out = Path(args.out) if args.out else Path(args.results).parent
+    print(f"report written to {write_report(results, out)}")
+    return 0
+
+
+def register_harness(bsub) -> None:
+    """``bench run`` and ``bench report``."""
+    r = bsub.add_parser("run", help="run a suite (ci, quick, full, paper or a .toml) -> results.json, report.md, plots")
+    r.add_argument("--suite", default="quick")
+    r.add_argument("--out", default=None, help="output directory (default reports/SUITE)")
+    r.add_argument("--stages", default=None, help="comma-separated subset of the suite's stages")
+    r.set_defaults(func=cmd_run)
+    p = bsub.add_parser("report", help="rebuild report.md and plots from a results.json")
+    p.add_argument("--results", required=True)
+    p.add_argument("--out", default=None, help="directory (default: next to results.json)")
+    p.set_defaults(func=cmd_report)

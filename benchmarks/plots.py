@@ -1,0 +1,159 @@
+"""PNG plots of a results document (matplotlib, Agg backend).
+
+Every plot has a title, axis labels with units and a legend; each function
+returns the file it wrote, or None when the results lack the data for it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+COMPONENT_LABELS = {"network_ms": "network (RTT + transfer)", "head_ms": "local head", "tail_ms": "local tail",
+                    "draft_ms": "proposer", "body_ms": "cloud body", "codec_ms": "serialisation",
+                    "other_ms": "other"}
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_tradeoff(points: list[dict], out: Path) -> Path | None:
+    """x = tok/s at 80 ms RTT (modelled; measured marked), y = recovery of the strongest attacker per threat model.
+
+    ``points``: {threat_model, head_layers, tok_s_modelled, tok_s_measured, recovery, ci_low, ci_high}.
+    """
+    if not points:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for tm in sorted({p["threat_model"] for p in points}):
+        ps = sorted((p for p in points if p["threat_model"] == tm), key=lambda p: p["head_layers"])
+        xs, ys = [p["tok_s_modelled"] for p in ps], [100 * p["recovery"] for p in ps]
+        err = [[100 * (p["recovery"] - p["ci_low"]) for p in ps], [100 * (p["ci_high"] - p["recovery"]) for p in ps]]
+        line = ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=f"{tm} attacker (modelled tok/s)")
+        ax.scatter([p["tok_s_measured"] for p in ps], ys, marker="x", s=60, color=line[0].get_color(),
+                   label=f"{tm} (measured tok/s)")
+        for p, x, y in zip(ps, xs, ys):
+            ax.annotate(f"{p['head_layers']} local", (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
+    ax.set_xlabel("generation speed at 80 ms RTT (tokens/s)")
+    ax.set_ylabel("prompt tokens recovered, top-1 (%)")
+    ax.set_ylim(-2, 102)
+    ax.set_title("Privacy vs speed: one point per head split depth")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, out)
+
+
+def plot_recovery_vs_depth(rows: list[dict], baselines: dict, out: Path, title: str) -> Path | None:
+    """Top-1 recovery (with 95% CI) per attacker against split depth, with uniform and unigram baselines.
+
+    ``rows``: {attack, depth, value, ci_low, ci_high}; ``baselines``: {name: value}.
+    """
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for attack in sorted({r["attack"] for r in rows}):
+        rs = sorted((r for r in rows if r["attack"] == attack), key=lambda r: r["depth"])
+        ax.errorbar([r["depth"] for r in rs], [100 * r["value"] for r in rs],
+                    yerr=[[100 * (r["value"] - r["ci_low"]) for r in rs], [100 * (r["ci_high"] - r["value"])
+                                                                            for r in rs]],
+                    marker="o", capsize=3, label=attack)
+    for (name, value), style in zip(sorted(baselines.items()), (":", "--", "-.")):
+        ax.axhline(100 * value, linestyle=style, color="grey", label=f"baseline: {name} ({100 * value:.2g}%)")
+    ax.set_xlabel("split depth (layers before the boundary)")
+    ax.set_ylabel("tokens recovered, top-1 (%)")
+    ax.set_ylim(-2, 102)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, out)
+
+
+def plot_pii(rows: list[dict], out: Path) -> Path | None:
+    """PII spans recovered per type, grouped bars per attacker (at one depth). rows: {attack, type, value}."""
+    if not rows:
+        return None
+    types = sorted({r["type"] for r in rows})
+    attacks = sorted({r["attack"] for r in rows})
+    fig, ax = plt.subplots(figsize=(max(7, len(types) * 0.9), 4.5))
+    width = 0.8 / len(attacks)
+    for i, attack in enumerate(attacks):
+        vals = {r["type"]: 100 * r["value"] for r in rows if r["attack"] == attack}
+        ax.bar([t + i * width for t in range(len(types))], [vals.get(t, 0.0) for t in types], width, label=attack)
+    ax.set_xticks([t + 0.4 - width / 2 for t in range(len(types))], types, rotation=30, ha="right")
+    ax.set_ylabel("PII spans recovered exactly (%)")
+    ax.set_ylim(0, 105)
+    ax.set_title(rows[0].get("title", "PII recovery by type"))
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    return _save(fig, out)
+
+
+def plot_breakdown(rows: list[dict], out: Path) -> Path | None:
+    """Stacked bars of mean per-step latency by component. rows: {label, breakdown_ms}."""
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(max(7, 0.8 * len(rows)), 4.5))
+    bottoms = [0.0] * len(rows)
+    for key, label in COMPONENT_LABELS.items():
+        vals = [r["breakdown_ms"].get(key, 0.0) for r in rows]
+        if not any(vals):
+            continue
+        ax.bar(range(len(rows)), vals, bottom=bottoms, label=label)
+        bottoms = [b + v for b, v in zip(bottoms, vals)]
+    ax.set_xticks(range(len(rows)), [r["label"] for r in rows], rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("time per step (ms)")
+    ax.set_title("Per-step latency breakdown at 80 ms RTT")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    return _save(fig, out)
+
+
+def plot_tau(rows: list[dict], out: Path) -> Path | None:
+    """Grouped bars of tokens per round trip by prompt category and proposer. rows: {decoding, category, tau}."""
+    if not rows:
+        return None
+    cats = sorted({r["category"] for r in rows})
+    decs = sorted({r["decoding"] for r in rows}, key=lambda d: (d != "sequential", d))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    width = 0.8 / len(decs)
+    for i, dec in enumerate(decs):
+        vals = {r["category"]: r["tau"] for r in rows if r["decoding"] == dec}
+        ax.bar([c + i * width for c in range(len(cats))], [vals.get(c, 0.0) for c in cats], width, label=dec)
+    ax.set_xticks([c + 0.4 - width / 2 for c in range(len(cats))], cats)
+    ax.set_ylabel("tokens committed per round trip (tau)")
+    ax.set_title("Tokens per round trip by prompt category and proposer")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    return _save(fig, out)
+
+
+def plot_throughput_vs_rtt(series: list[dict], out: Path) -> Path | None:
+    """Projected tok/s against RTT per series, measured points marked.
+
+    series: {label, projected: [(rtt, tok_s)], measured: [(rtt, tok_s)]}.
+    """
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for s in series:
+        xs, ys = zip(*sorted(s["projected"])) if s["projected"] else ((), ())
+        line = ax.plot(xs, ys, label=f"{s['label']} (modelled)", linestyle=s.get("style", "-"))
+        if s.get("measured"):
+            mx, my = zip(*s["measured"])
+            ax.scatter(mx, my, marker="o", color=line[0].get_color(), zorder=3, label=f"{s['label']} (measured)")
+    ax.set_xlabel("network round-trip time (ms)")
+    ax.set_ylabel("generation speed (tokens/s)")
+    ax.set_title("Throughput against RTT (100 Mbit/s)")
+    ax.set_xlim(0, 155)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, out)
