@@ -1,0 +1,32 @@
+import pytest
+
+from benchmarks.suite import SUITES_DIR, load_suite
+from splitinfer.errors import SplitInferError
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in SUITES_DIR.glob("*.toml")))
+def test_committed_suites_load(name):
+    suite = load_suite(name)
+    assert suite.name == name and suite.stages
+
+
+def test_unknown_suite_lists_known():
+    with pytest.raises(SplitInferError, match="known suites are .*quick"):
+        load_suite("nope")
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('name = "x"\nmodel = "tiny-random"\n[speed]\nrtt = [1]\n', "unknown key 'rtt'"),
+        ('name = "x"\nmodel = "tiny-random"\n[sped]\n', r"unknown stage \[sped\]"),
+        ('name = "x"\nmodel = "tiny-random"\n[speed]\ntokens = "many"\n', "tokens must be int"),
+        ('model = "tiny-random"\n', "missing top-level key 'name'"),
+        ('name = "x\n', "not valid TOML"),
+    ],
+)
+def test_bad_suite_files(tmp_path, text, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(SplitInferError, match=message):
+        load_suite(str(path))
