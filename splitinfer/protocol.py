@@ -145,7 +145,7 @@ def _tensor_specs(header: dict, limits: Limits) -> list[tuple[str, torch.dtype, 
         name, dtype, shape = spec["name"], spec["dtype"], spec["shape"]
         if not isinstance(name, str) or not name or len(name) > 64:
             raise ProtocolError(f"tensor spec {i} has a bad name {name!r}")
-        if dtype not in _DTYPES:
+        if not isinstance(dtype, str) or dtype not in _DTYPES:
             raise ProtocolError(f"tensor {name!r} has unsupported dtype {dtype!r}; allowed: {', '.join(_DTYPES)}")
         if (
             not isinstance(shape, list)
@@ -187,7 +187,7 @@ def decode_frame(data: bytes | bytearray | memoryview, limits: Limits = DEFAULT_
     if not isinstance(header, dict):
         raise ProtocolError("frame header must be a JSON object")
     op = header.get("op")
-    if op not in OPS:
+    if not isinstance(op, str) or op not in OPS:  # a list or object here is unhashable: check the type first
         raise ProtocolError(f"unknown op {op!r}; known: {', '.join(OPS)}")
     _check_fields(op, header, limits)
     specs = _tensor_specs(header, limits)

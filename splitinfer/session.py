@@ -2,9 +2,16 @@
 
 :class:`BodyService` turns one request frame (bytes) into one reply frame
 (bytes). It is transport-agnostic: the in-process link calls it directly and
-the WebSocket server (:mod:`splitinfer.server`) calls it per message. Every
-bad request gets an ``error`` frame naming the problem; the service itself
-never raises on wire input.
+the WebSocket server (:mod:`splitinfer.server`) calls it per message, from
+several worker threads at once. Every bad request gets an ``error`` frame
+naming the problem; the service itself never raises on wire input.
+
+Thread safety: the session table and the counters are guarded by locks, each
+session's cache by its own lock (so one session's frames run one at a time,
+different sessions in parallel). A session may carry an ``owner`` (the
+server passes its connection id): frames naming a session opened by another
+owner are refused as unknown, and :meth:`BodyService.close_owned` drops all
+sessions of a closed connection.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ class BodySession:
     created: float
     last_used: float
     forwards: int = 0
+    owner: object = None  # who opened it (the server's connection id); None in-process
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -61,22 +69,33 @@ class BodyService:
         self.limits = limits
         self.sessions: dict[str, BodySession] = {}
         self._lock = threading.Lock()
+        self._stats_lock = threading.Lock()
         self.stats = {"requests": 0, "errors": 0, "forwards": 0, "tokens": 0, "sessions_opened": 0}
+        self.extra_stats = None  # optional callable -> dict merged into the stats reply (server-level figures)
         param = next(body.parameters())
         self.dtype, self.device = param.dtype, param.device
 
     # ---------------------------------------------------------------- entry
-    def handle(self, data: bytes) -> bytes:
-        """Decode a request, run it, encode the reply. Never raises on bad input."""
+    def _count(self, **increments: int) -> None:
+        with self._stats_lock:
+            for key, n in increments.items():
+                self.stats[key] += n
+
+    def handle(self, data: bytes, owner: object = None) -> bytes:
+        """Decode a request, run it, encode the reply. Never raises on bad input.
+
+        ``owner`` identifies the caller (a connection); sessions are visible
+        only to the owner that opened them.
+        """
         t0 = time.perf_counter()
-        self.stats["requests"] += 1
+        self._count(requests=1)
         try:
             frame = decode_frame(data, self.limits.frame)
             t1 = time.perf_counter()
             handler = getattr(self, f"_op_{frame.op}", None)
             if handler is None:
                 raise ProtocolError(f"op {frame.op!r} is not a request the cloud body accepts")
-            op, fields, tensors, compute_s = handler(frame)
+            op, fields, tensors, compute_s = handler(frame, owner)
             t2 = time.perf_counter()
             encoded = encode_tensors(tensors)
             if op == "result":  # server-side timing, so the client can split its round trip into parts
@@ -86,16 +105,16 @@ class BodyService:
             reply = encode_frame(op, fields, encoded=encoded)
             return reply
         except SplitInferError as e:  # ProtocolError is one
-            self.stats["errors"] += 1
+            self._count(errors=1)
             log.info("refused request: %s", e)
             return error_frame(str(e))
         except Exception as e:  # a bug, not bad input: report, keep serving
-            self.stats["errors"] += 1
+            self._count(errors=1)
             log.exception("internal error while handling a frame")
             return error_frame(f"internal server error: {type(e).__name__}: {e}")
 
     # ---------------------------------------------------------------- ops
-    def _op_hello(self, frame):
+    def _op_hello(self, frame, owner=None):
         f = frame.fields
         if f["protocol"] != PROTOCOL_VERSION:
             raise ProtocolError(f"client speaks protocol {f['protocol']}, server speaks {PROTOCOL_VERSION}")
@@ -104,24 +123,24 @@ class BodyService:
             if want is not None and want != self.info.get(key):
                 raise ProtocolError(
                     f"{key} mismatch: client expects {want!r}, this server has {self.info.get(key)!r}"
-                    + (" (start the server with the same --model and --split)" if key != "hidden_size" else "")
+                    + (" (start the server with the same --model, --split and --dtype)" if key != "hidden_size" else "")
                 )
         return "welcome", {"protocol": PROTOCOL_VERSION, **self.info}, {}, 0.0
 
-    def _op_open(self, frame):
+    def _op_open(self, frame, owner=None):
         self.expire_idle()
         with self._lock:
             if len(self.sessions) >= self.limits.max_sessions:
                 raise ProtocolError(f"server is at its limit of {self.limits.max_sessions} sessions; retry later")
             sid = secrets.token_hex(8)
             now = time.monotonic()
-            self.sessions[sid] = BodySession(PartKVCache(), now, now)
-            self.stats["sessions_opened"] += 1
+            self.sessions[sid] = BodySession(PartKVCache(), now, now, owner=owner)
+        self._count(sessions_opened=1)
         return "opened", {"session": sid}, {}, 0.0
 
-    def _session(self, sid: str) -> BodySession:
+    def _session(self, sid: str, owner=None) -> BodySession:
         s = self.sessions.get(sid)
-        if s is None:
+        if s is None or s.owner != owner:
             raise ProtocolError(f"unknown, closed or expired session {sid!r}; open a new session")
         s.last_used = time.monotonic()
         return s
@@ -137,9 +156,9 @@ class BodyService:
             raise ProtocolError("'keep.accepted' must hold integers")
         s.cache.keep(keep["prefix"], keep["accepted"])
 
-    def _op_forward(self, frame):
+    def _op_forward(self, frame, owner=None):
         f = frame.fields
-        s = self._session(f["session"])
+        s = self._session(f["session"], owner)
         hidden = frame.tensors.get("hidden")
         if hidden is None:
             raise ProtocolError("forward frame carries no 'hidden' tensor")
@@ -180,13 +199,13 @@ class BodyService:
             out = out.to(hidden.dtype)  # reply in the dtype the client chose for the wire
             compute_s = time.perf_counter() - t0
             s.forwards += 1
-        self.stats["forwards"] += 1
-        self.stats["tokens"] += len(positions)
+            s.last_used = time.monotonic()
+        self._count(forwards=1, tokens=len(positions))
         return "result", {"session": f["session"], "length": len(s.cache)}, {"hidden": out}, compute_s
 
-    def _op_commit(self, frame):
+    def _op_commit(self, frame, owner=None):
         f = frame.fields
-        s = self._session(f["session"])
+        s = self._session(f["session"], owner)
         with s.lock:
             if "crop" in f:
                 if not isinstance(f["crop"], int) or isinstance(f["crop"], bool):
@@ -196,24 +215,41 @@ class BodyService:
                 self._apply_keep(s, f.get("keep"))
         return "committed", {"session": f["session"], "length": len(s.cache)}, {}, 0.0
 
-    def _op_close(self, frame):
+    def _op_close(self, frame, owner=None):
         sid = frame.fields["session"]
         with self._lock:
-            if self.sessions.pop(sid, None) is None:
+            s = self.sessions.get(sid)
+            if s is None or s.owner != owner:
                 raise ProtocolError(f"unknown, closed or expired session {sid!r}")
+            del self.sessions[sid]
         return "closed", {"session": sid}, {}, 0.0
 
-    def _op_stats(self, frame):
+    def _op_stats(self, frame, owner=None):
         self.expire_idle()
-        kv = sum(s.cache.nbytes() for s in list(self.sessions.values()))
-        return "stats_reply", {**self.stats, "sessions": len(self.sessions), "kv_bytes": kv, **self.info}, {}, 0.0
+        kv = 0
+        for s in list(self.sessions.values()):  # other threads may be growing these caches: snapshot each dict
+            tensors = list(s.cache.keys.values()) + list(s.cache.values.values())
+            kv += sum(t.numel() * t.element_size() for t in tensors)
+        with self._stats_lock:
+            counters = dict(self.stats)
+        extra = self.extra_stats() if self.extra_stats is not None else {}
+        fields = {**counters, "sessions": len(self.sessions), "kv_bytes": kv, **self.info, **extra}
+        return "stats_reply", fields, {}, 0.0
 
     # ---------------------------------------------------------------- housekeeping
+    def close_owned(self, owner: object) -> int:
+        """Drop every session opened by ``owner`` (a closed connection); return how many."""
+        with self._lock:
+            mine = [sid for sid, s in self.sessions.items() if s.owner == owner]
+            for sid in mine:
+                del self.sessions[sid]
+        return len(mine)
+
     def expire_idle(self) -> int:
-        """Drop sessions idle for longer than the timeout; return how many."""
+        """Drop sessions idle for longer than the timeout (never one mid-request); return how many."""
         cutoff = time.monotonic() - self.limits.idle_timeout_s
         with self._lock:
-            stale = [sid for sid, s in self.sessions.items() if s.last_used < cutoff]
+            stale = [sid for sid, s in self.sessions.items() if s.last_used < cutoff and not s.lock.locked()]
             for sid in stale:
                 del self.sessions[sid]
         if stale:
