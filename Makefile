@@ -6,7 +6,7 @@ SPLITINFER := $(VENV)/bin/splitinfer
 # .venv first (e.g. `.venv/bin/pip install torch`): the pin is skipped when torch is importable.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install report speed test test-fast test-gemma clean
+.PHONY: install report speed ci-suite baseline test test-fast test-gemma clean
 
 install: $(VENV)/.installed
 
@@ -19,9 +19,24 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 report: install
-	$(SPLITINFER) bench speed --model default --split 2,2 --rtt-ms 0,20,80 --out reports/speed/results.json
+	$(SPLITINFER) bench run --suite quick --out reports/quick
 
-speed: report
+speed: install
+	$(SPLITINFER) bench speed --model default --split 2,2 --rtt-ms 0,20,80
+
+# the CI suite and the regression check against the committed baseline (run by .ci/run after the tests)
+ci-suite: install
+	$(SPLITINFER) bench run --suite ci --out $(CI_OUT)
+	$(SPLITINFER) bench regress --baseline reports/baseline/ci.json --results $(CI_OUT)/results.json \
+		--efficiency-tolerance $(CI_EFFICIENCY_TOLERANCE)
+
+CI_OUT ?= /tmp/splitinfer-ci
+# CI machines are shared and small: compare throughput efficiency loosely, exact metrics exactly
+CI_EFFICIENCY_TOLERANCE ?= 0.5
+
+baseline: install
+	$(SPLITINFER) bench run --suite ci --out /tmp/splitinfer-baseline
+	cp /tmp/splitinfer-baseline/results.json reports/baseline/ci.json
 
 test: install
 	$(PY) -m pytest -q -m "not gemma"

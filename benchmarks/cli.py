@@ -69,6 +69,16 @@ def register(sub) -> None:
     e.set_defaults(func=cmd_exactness)
 
     register_harness(bsub)
+    from benchmarks.transport_cli import register as register_transport
+
+    register_transport(bsub)
+    from benchmarks.decoding_cli import register as register_decoding
+
+    register_decoding(bsub)
+    register_extract(bsub)
+    from benchmarks.attacks_depth_cli import register as register_attacks_depth  # issue 6
+
+    register_attacks_depth(bsub)
 
     from benchmarks import regress
 
@@ -110,3 +120,39 @@ def register_harness(bsub) -> None:
     p.add_argument("--results", required=True)
     p.add_argument("--out", default=None, help="directory (default: next to results.json)")
     p.set_defaults(func=cmd_report)
+
+
+def cmd_extract(args) -> int:
+    from attacks.cli import quiet_datasets
+    from benchmarks.extract_speed import format_extract_speed, run_extract_speed
+    from splitinfer.cli import load_for_cli
+
+    quiet_datasets()
+    loaded = load_for_cli(args)
+    result = run_extract_speed(loaded, tuple(int(d) for d in args.depths.split(",")), args.corpus,
+                               n_tokens=args.tokens, max_length=args.max_length, batch_size=args.batch_size,
+                               repeats=args.repeats, threads=args.threads)
+    print(format_extract_speed(result))
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2, sort_keys=True))
+        print(f"results written to {out}")
+    return 0
+
+
+def register_extract(bsub) -> None:
+    """``bench extract``: activation-extraction tokens/s vs a plain truncated forward."""
+    from splitinfer.cli import add_model_args
+
+    x = bsub.add_parser("extract", help="activation extraction tok/s vs a plain truncated forward, per depth")
+    add_model_args(x, split_default=None)
+    x.add_argument("--depths", default="1,8,16", help="head depths (default %(default)s)")
+    x.add_argument("--corpus", default="prose", help="corpus to extract (default %(default)s)")
+    x.add_argument("--tokens", type=int, default=8192, help="tokens per measurement (default %(default)s)")
+    x.add_argument("--max-length", type=int, default=256)
+    x.add_argument("--batch-size", type=int, default=4)
+    x.add_argument("--repeats", type=int, default=2, help="alternating runs; the fastest counts")
+    x.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    x.add_argument("--out", default=None, help="also write the figures as JSON here")
+    x.set_defaults(func=cmd_extract)

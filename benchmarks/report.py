@@ -109,8 +109,10 @@ def _attack_section(att: dict) -> list[str]:
     for r in sorted(rows, key=lambda r: (r["side"], r["depth"], r["attack"], r["corpus"])):
         m = r["metrics"]
         top5 = m.get("token_acc_top5")
+        seed = r.get("info", {}).get("seed_split_top1")
+        label = r["attack"] + (f" (its own random token split: {_pct(seed)})" if seed is not None else "")
         lines.append(
-            f"| {r['side']} | {r['depth']} | {r['attack']} | {r['threat_model']} | {r['corpus']} | "
+            f"| {r['side']} | {r['depth']} | {label} | {r['threat_model']} | {r['corpus']} | "
             f"{_ci(m['token_acc_top1'])} | {_pct(top5['value']) if top5 else 'n/a'} | "
             f"{_pct(m['token_f1']['value']) if 'token_f1' in m else 'n/a'} | "
             f"{_pct(m['exact_match']['value']) if 'exact_match' in m else 'n/a'} | "

@@ -56,11 +56,13 @@ def load_for_cli(args):
 
 def cmd_generate(args) -> int:
     from splitinfer.client import SplitModel
+    from splitinfer.cloud_cli import cloud_link
+    from splitinfer.decoding.cli_args import decoding_options
     from splitinfer.link import WanProfile
 
     loaded = load_for_cli(args)
     wan = WanProfile(rtt_ms=args.rtt_ms, bandwidth_mbps=args.bandwidth_mbps, jitter_ms=args.jitter_ms, seed=args.seed)
-    sm = SplitModel(loaded, args.split, wan=wan, wire_dtype=args.wire_dtype)
+    sm = SplitModel(loaded, args.split, cloud=cloud_link(args, wan), wan=wan, wire_dtype=args.wire_dtype)
     stream_to = sys.stderr if args.json else sys.stdout
     res = sm.generate(
         args.prompt,
@@ -69,6 +71,8 @@ def cmd_generate(args) -> int:
         temperature=args.temperature,
         top_p=args.top_p,
         seed=args.seed,
+        decoding=args.decoding,
+        decoding_options=decoding_options(args),
         on_text=lambda t: (stream_to.write(t), stream_to.flush()),
     )
     stream_to.write("\n")
@@ -76,7 +80,8 @@ def cmd_generate(args) -> int:
     b = s["breakdown_ms"]
     print(
         f"[{s['new_tokens']} tokens in {s['steps']} steps, {s['tokens_per_step']:.2f} tok/step, "
-        f"{s['tok_s']:.2f} tok/s; sent {s['bytes_sent']} B, received {s['bytes_received']} B; per step ms: "
+        f"{s['tok_s']:.2f} tok/s ({s['modelled_tok_s']:.2f} modelled), draft acceptance "
+        f"{s['draft_acceptance_rate']:.2f}; sent {s['bytes_sent']} B, received {s['bytes_received']} B; per step ms: "
         + ", ".join(f"{k[:-3]} {v:.2f}" for k, v in b.items())
         + "]",
         file=sys.stderr,
@@ -92,16 +97,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="splitinfer", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     sub = parser.add_subparsers(dest="command", required=True)
+    from splitinfer.cloud_cli import add_cloud_args
+    from splitinfer.cloud_cli import register as register_cloud
+    from splitinfer.decoding.cli_args import add_decoding_args
 
     g = sub.add_parser("generate", help="generate text with the model split across a (emulated) cloud")
     add_model_args(g)
     add_link_args(g)
+    add_cloud_args(g)
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--json", action="store_true", help="print a JSON summary as the last line of stdout")
+    add_decoding_args(g)
     g.add_argument("prompt")
     g.set_defaults(func=cmd_generate)
 
@@ -109,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     from benchmarks.cli import register as register_bench
 
     register_bench(sub)
+    register_cloud(sub)
     register_attack(sub)
     return parser
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from splitinfer.decoding.base import DecodingEnv, Proposer, make_proposer
+from splitinfer.decoding.verify import decode
 from splitinfer.errors import SplitInferError
 from splitinfer.link import InProcessLink, Link, WanProfile
 from splitinfer.models import LoadedModel, weights_sha256
@@ -24,7 +26,7 @@ from splitinfer.partition import CloudBody, LocalHead, LocalTail, SplitConfig, p
 from splitinfer.protocol import wire_dtype as parse_wire_dtype
 from splitinfer.remote import RemoteBody
 from splitinfer.session import BodyService, ServiceLimits
-from splitinfer.timing import StepTiming, mean_breakdown
+from splitinfer.timing import StepTiming, fit, mean_breakdown
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,9 @@ class GenerationResult:
     bytes_sent: int
     bytes_received: int
     logits: list[torch.Tensor] = field(default_factory=list)  # per emitted token, (V,)
+    decoding: str = "sequential"
+    rtt_ms: float = 0.0  # the link's emulated WAN during the run (for the modelled tok/s)
+    bandwidth_mbps: float | None = None
 
     @property
     def tokens_per_step(self) -> float:
@@ -73,6 +78,25 @@ class GenerationResult:
             "bytes_received": self.bytes_received,
             "breakdown_ms": mean_breakdown(self.steps),
             "prefill_ms": self.steps[0].total_ms if self.steps else 0.0,
+            **self.decoding_summary(),
+        }
+
+    def decoding_summary(self) -> dict:
+        """Speculative-decoding figures (issue 4): acceptance, load per step, modelled tok/s.
+
+        Per-step figures describe the decode steps (the prefill excluded);
+        ``modelled_tok_s`` uses the step-time model fitted to this run's steps
+        (:mod:`splitinfer.timing`) at the run's RTT and bandwidth.
+        """
+        dec = self.steps[1:] if len(self.steps) > 1 else self.steps
+        drafted = sum(s.draft_tokens for s in dec)
+        model = fit(self.steps, self.rtt_ms, self.bandwidth_mbps) if self.steps else None
+        return {
+            "decoding": self.decoding,
+            "draft_acceptance_rate": sum(s.draft_accepted for s in dec) / drafted if drafted else 0.0,
+            "tokens_sent_per_step": sum(s.tokens_sent for s in dec) / max(1, len(dec)),
+            "bytes_per_step": sum(s.bytes_up + s.bytes_down for s in dec) / max(1, len(dec)),
+            "modelled_tok_s": model.tok_s(dec) if model else 0.0,
         }
 
 
@@ -114,8 +138,14 @@ class SplitModel:
             self.local_body: CloudBody | None = body  # only for memory reports; never called directly
         elif isinstance(cloud, Link):
             link, self.local_body = cloud, None
+        elif isinstance(cloud, str) and cloud.startswith(("ws://", "wss://")):
+            from splitinfer.ws_link import WebSocketLink  # token from $SPLITINFER_TOKEN(_FILE); pass a Link for more
+
+            link, self.local_body = WebSocketLink(cloud, wan=wan), None
         else:
-            raise SplitInferError(f"cannot connect to cloud {cloud!r}: pass a Link instance or leave it unset")
+            raise SplitInferError(
+                f"cannot connect to cloud {cloud!r}: pass ws://HOST:PORT, wss://HOST:PORT, a Link, or leave it unset"
+            )
         self.link = link
         expect = {k: info[k] for k in ("body_sha256", "hidden_size", "split")}
         self.remote = RemoteBody(link, expect)
@@ -201,8 +231,17 @@ class SplitModel:
         seed: int = 0,
         stop_on_eos: bool = True,
         record_logits: bool = False,
+        decoding: str | Proposer = "sequential",
+        decoding_options: dict | None = None,
     ) -> Iterator[StepEvent]:
-        """Yield one :class:`StepEvent` per round trip while generating."""
+        """Yield one :class:`StepEvent` per round trip while generating.
+
+        ``decoding`` names a registered proposer (``splitinfer.decoding.list_proposers()``),
+        built with ``decoding_options``, or is a :class:`Proposer` instance (which then keeps
+        its state across calls, e.g. the suffix cache's history). Every step goes through
+        the verifier (:mod:`splitinfer.decoding.verify`): greedy output is token-identical
+        to sequential decoding whatever the proposer.
+        """
         if max_new_tokens < 1:
             raise SplitInferError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if temperature < 0 or not 0 < top_p <= 1:
@@ -213,24 +252,22 @@ class SplitModel:
                 f"prompt of {len(prompt_ids)} tokens + {max_new_tokens} new tokens exceeds the model's "
                 f"context limit of {self.max_context} tokens; shorten the prompt or lower --max-new-tokens"
             )
-        select = _selector(temperature, top_p, seed, self.device)
+        proposer = make_decoding(decoding, decoding_options)
         eos = _eos_ids(self.loaded) if stop_on_eos else set()
         detok = _Detokenizer(self.loaded.tokenizer)
-        head_cache, tail_cache = self.head.new_cache(), self.tail.new_cache()
+        wan = self.link.wan
+        env = DecodingEnv(
+            vocab_size=int(self.loaded.model.config.vocab_size), eos_ids=frozenset(eos),
+            max_new_tokens=max_new_tokens, rtt_ms=wan.rtt_ms, bandwidth_mbps=wan.bandwidth_mbps,
+        )
         self.remote.open()
         try:
-            tokens, positions = prompt_ids, list(range(len(prompt_ids)))
-            for _ in range(max_new_tokens):
-                logits, timing = self.forward_step(head_cache, tail_cache, tokens, positions)
-                t0 = time.perf_counter()
-                last = logits[-1]  # (V,)
-                nxt = select(last)
-                timing.tail_ms += 1e3 * (time.perf_counter() - t0)
-                timing.tokens_committed = 1
-                yield StepEvent([nxt], detok.add([nxt]), timing, last[None].clone() if record_logits else None)
-                if nxt in eos:
-                    break
-                tokens, positions = [nxt], [positions[-1] + 1]
+            for step in decode(
+                self, prompt_ids, proposer, max_new_tokens, eos=eos, temperature=temperature, top_p=top_p,
+                seed=seed, record_logits=record_logits, env=env,
+            ):
+                text = detok.add(step.tokens, final=step.done)
+                yield StepEvent(step.tokens, text, step.timing, step.logits)
         finally:
             try:
                 self.remote.close()
@@ -256,13 +293,26 @@ class SplitModel:
                 on_text(ev.text)
         wall = time.perf_counter() - t0
         text = self.loaded.tokenizer.decode(ids, skip_special_tokens=True)
+        dec = kwargs.get("decoding", "sequential")
         return GenerationResult(
             text, ids, prompt_ids, steps, wall,
             self.link.stats.bytes_sent - sent0, self.link.stats.bytes_received - recv0, logits,
+            dec if isinstance(dec, str) else dec.name, self.link.wan.rtt_ms, self.link.wan.bandwidth_mbps,
         )
 
     def close(self) -> None:
         self.link.close()
+
+
+def make_decoding(decoding: str | Proposer, options: dict | None = None) -> Proposer:
+    """A proposer from a registered name and options, or the given instance (options must then be empty)."""
+    if isinstance(decoding, Proposer):
+        if options:
+            raise SplitInferError("decoding_options only apply when decoding is a name, not a Proposer instance")
+        return decoding
+    if not isinstance(decoding, str):
+        raise SplitInferError(f"decoding must be a proposer name or a Proposer, got {type(decoding).__name__}")
+    return make_proposer(decoding, **(options or {}))
 
 
 def _eos_ids(loaded: LoadedModel) -> set[int]:
@@ -274,34 +324,16 @@ def _eos_ids(loaded: LoadedModel) -> set[int]:
     return set(eos) if isinstance(eos, (list, tuple)) else ({eos} if eos is not None else set())
 
 
-def _selector(temperature: float, top_p: float, seed: int, device) -> Callable[[torch.Tensor], int]:
-    """Greedy argmax, or seeded temperature / nucleus sampling."""
-    if temperature == 0:
-        return lambda logits: int(torch.argmax(logits))
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-
-    def sample(logits: torch.Tensor) -> int:
-        probs = torch.softmax(logits.float().cpu() / temperature, dim=-1)
-        if top_p < 1.0:
-            sorted_p, order = torch.sort(probs, descending=True)
-            cut = torch.cumsum(sorted_p, 0) - sorted_p >= top_p  # drop tokens once mass >= top_p is reached
-            sorted_p[cut] = 0.0
-            probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
-        return int(torch.multinomial(probs, 1, generator=gen))
-
-    return sample
-
-
 class _Detokenizer:
     """Incremental decoding that never emits half a UTF-8 character."""
 
     def __init__(self, tokenizer):
         self.tok, self.ids, self.emitted = tokenizer, [], 0
 
-    def add(self, ids: list[int]) -> str:
+    def add(self, ids: list[int], final: bool = False) -> str:
         self.ids += ids
         text = self.tok.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
+        if text.endswith("\ufffd") and not final:
             return ""
         new, self.emitted = text[self.emitted :], len(text)
         return new

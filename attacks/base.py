@@ -1,0 +1,295 @@
+"""The inversion-attack interface (DESIGN.md §3, §4): fit on taps, invert taps, save/load without pickle.
+
+An attack recipe subclasses :class:`InversionAttack`, declares
+
+- ``threat_model``: ``white-box`` (holds the local layers' weights),
+  ``shadow`` (public base weights + an auxiliary corpus: it makes its own
+  (activation, token) pairs) or ``paired`` (pairs from the deployment itself);
+- ``requires``: what it needs, from :data:`REQUIREMENTS` (``pairs``,
+  ``embedding``, ``head_weights``, ``lm_head``);
+- ``boundary_side``: ``head`` (states the cloud receives), ``tail`` (states it
+  returns) or ``any``;
+- ``defaults``: its hyper-parameters and their default values,
+
+implements ``_fit``, ``_invert``, ``_state`` and ``_load_state``, and is
+registered by name with :func:`attacks.registry.register_attack`.
+
+Checkpoints are a directory holding ``config.json`` (recipe, threat model,
+hyper-parameters, seed, model spec + sha256, boundary, fit report) and
+``attack.safetensors`` (every tensor). Nothing is pickled; loading checks the
+format, the recipe and, against the data or the model given, the model sha256
+and the boundary, and raises :class:`~attacks.errors.AttackError` naming the
+mismatch and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from attacks.errors import AttackError
+from attacks.tapdata import Taps, as_taps
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Inversion", "InversionAttack", "REQUIREMENTS", "THREAT_MODELS", "CONFIG_NAME", "TENSORS_NAME"]
+
+THREAT_MODELS = ("white-box", "shadow", "paired")
+SIDES = ("head", "tail", "any")
+REQUIREMENTS = {
+    "pairs": "(activation, token) training pairs at the same boundary (shadow run of the public base, or deployment)",
+    "embedding": "the public base model's token-embedding matrix",
+    "head_weights": "the exact weights of the local head layers (published weights)",
+    "lm_head": "the public base model's final norm and LM head",
+}
+FORMAT_VERSION = 1
+CONFIG_NAME = "config.json"
+TENSORS_NAME = "attack.safetensors"
+_WEIGHT_NEEDS = frozenset({"embedding", "head_weights", "lm_head"})
+
+
+@dataclass
+class Inversion:
+    """What an attack recovers for N positions: ranked guesses and their scores (higher = more likely)."""
+
+    tokens: np.ndarray  # (N,) int64 top-1 guess
+    topk: np.ndarray  # (N, k) int64 ranked guesses, best first; topk[:, 0] == tokens
+    scores: np.ndarray  # (N, k) float32 score of each guess (log-prob, or minus a distance)
+    info: dict[str, Any] = field(default_factory=dict)  # recipe-specific (timing, acceptance, ...)
+
+    def __post_init__(self) -> None:
+        self.tokens = np.asarray(self.tokens, dtype=np.int64).reshape(-1)
+        self.topk = np.asarray(self.topk, dtype=np.int64)
+        self.scores = np.asarray(self.scores, dtype=np.float32)
+        n = len(self.tokens)
+        if self.topk.ndim != 2 or self.topk.shape[0] != n or self.scores.shape != self.topk.shape:
+            raise AttackError(f"bad Inversion: tokens {self.tokens.shape}, topk {self.topk.shape}, scores "
+                              f"{self.scores.shape}; expected (N,), (N, k), (N, k)")
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.generic):
+        return x.item()
+    return x
+
+
+class InversionAttack(ABC):
+    """Base class of every inversion attack (see the module docstring)."""
+
+    name: ClassVar[str] = ""
+    threat_model: ClassVar[str] = "shadow"
+    requires: ClassVar[frozenset[str]] = frozenset({"pairs"})
+    boundary_side: ClassVar[str] = "head"
+    defaults: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, *, model: Any = None, seed: int = 0, **hparams: Any):
+        unknown = sorted(set(hparams) - set(self.defaults))
+        if unknown:
+            raise AttackError(f"attack {self.name!r} has no hyper-parameter(s) {unknown}; it takes "
+                              f"{sorted(self.defaults) or 'none'}")
+        self.hparams: dict[str, Any] = {**self.defaults, **hparams}
+        self.seed = int(seed)
+        self.model = model  # a splitinfer.models.LoadedModel, for recipes that need weights
+        self.meta: dict[str, Any] = {}
+        self.fit_report: dict[str, Any] = {}
+        self.fitted = False
+        if model is not None:
+            self.meta.update(model=model.spec, model_sha256=model.sha256, num_layers=model.num_layers,
+                             vocab_size=int(model.config.vocab_size))
+
+    # ------------------------------------------------------------ description
+    @classmethod
+    def describe(cls) -> dict[str, Any]:
+        doc = (cls.__doc__ or "").strip().splitlines()
+        return {"name": cls.name, "threat_model": cls.threat_model, "requires": sorted(cls.requires),
+                "boundary_side": cls.boundary_side, "summary": doc[0] if doc else "", "defaults": dict(cls.defaults)}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, boundary={self.meta.get('boundary')}, fitted={self.fitted})"
+
+    # ------------------------------------------------------------ checks
+    def _need_model(self) -> Any:
+        if self.model is None:
+            need = sorted(self.requires & _WEIGHT_NEEDS)
+            raise AttackError(f"attack {self.name!r} needs {', '.join(need)} of the model; construct or load it "
+                              "with model=load_model(<spec>) (the spec its checkpoint records)")
+        return self.model
+
+    def _check_side(self, taps: Taps) -> None:
+        b = taps.boundary
+        if self.boundary_side != "any" and b is not None and not str(b).startswith(self.boundary_side + ":"):
+            raise AttackError(f"attack {self.name!r} attacks the {self.boundary_side} boundary but the taps are at "
+                              f"{b}; extract taps at {self.boundary_side}:N")
+
+    def check_compatible(self, taps: Taps) -> None:
+        """Raise AttackError unless ``taps`` come from the model and boundary this attack was fitted on."""
+        mine, theirs = self.meta.get("model_sha256"), taps.model_sha256
+        if mine and theirs and mine != theirs:
+            raise AttackError(f"model mismatch: attack {self.name!r} was fitted on model {self.meta.get('model')} "
+                              f"(sha256 {mine[:12]}...) but the taps come from {taps.meta.get('model')} (sha256 "
+                              f"{theirs[:12]}...); extract the taps with the attack's model or retrain the attack")
+        mb, tb = self.meta.get("boundary"), taps.boundary
+        if self.boundary_side != "any" and mb and tb and mb != tb:
+            raise AttackError(f"boundary mismatch: attack {self.name!r} was fitted at {mb} but the taps are at {tb}; "
+                              f"extract taps at {mb} or train an attacker at {tb}")
+        d = self.meta.get("hidden_size")
+        if d and taps.hidden_size != d:
+            raise AttackError(f"hidden size mismatch: attack {self.name!r} expects d={d}, the taps have "
+                              f"d={taps.hidden_size}")
+
+    # ------------------------------------------------------------ fit / invert
+    def fit(self, train: Any, val: Any = None, *, trainer: Any = None) -> InversionAttack:
+        """Fit on training taps (and optional validation taps); returns ``self``.
+
+        ``trainer`` is an optional :class:`attacks.train.TrainConfig` for recipes
+        trained by gradient descent (epochs, checkpoints, resume, progress).
+        """
+        import torch
+
+        train = as_taps(train)
+        val = as_taps(val) if val is not None else None
+        self._check_side(train)
+        if self.model is not None and train.model_sha256 and train.model_sha256 != self.model.sha256:
+            raise AttackError(f"model mismatch: the training taps come from {train.meta.get('model')} but the attack "
+                              f"was given {self.model.spec}; use the same model for both")
+        for key in ("model", "model_sha256", "boundary", "depth", "num_layers"):
+            if train.meta.get(key) is not None:
+                self.meta[key] = train.meta[key]
+        self.meta["hidden_size"] = train.hidden_size
+        self.meta.setdefault("vocab_size", int(train.meta.get("vocab_size") or int(train.token_ids.max()) + 1))
+        uniq, counts = np.unique(train.token_ids, return_counts=True)
+        self.meta["unigram_top"] = uniq[np.lexsort((uniq, -counts))[:5]].tolist()
+        self.meta["train_tokens"] = train.n_tokens
+        torch.manual_seed(self.seed)
+        np.random.seed(self.seed % 2**32)
+        t0 = time.perf_counter()
+        self._fit(train, val, trainer)
+        self.fit_report["fit_seconds"] = round(time.perf_counter() - t0, 3)
+        self.fitted = True
+        return self
+
+    def invert(self, taps: Any, k: int = 5) -> Inversion:
+        """Recover the tokens behind ``taps``: an :class:`Inversion` with ``k`` ranked guesses per position."""
+        if not self.fitted:
+            raise AttackError(f"attack {self.name!r} is not fitted; call fit(train_taps) or load a checkpoint")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise AttackError(f"k={k!r} must be an integer >= 1")
+        taps = as_taps(taps)
+        self._check_side(taps)
+        self.check_compatible(taps)
+        inv = self._invert(taps, k)
+        if len(inv.tokens) != taps.n_tokens:
+            raise AttackError(f"attack {self.name!r} returned {len(inv.tokens)} guesses for {taps.n_tokens} tokens")
+        return inv
+
+    @abstractmethod
+    def _fit(self, train: Taps, val: Taps | None, trainer: Any) -> None: ...
+
+    @abstractmethod
+    def _invert(self, taps: Taps, k: int) -> Inversion: ...
+
+    @abstractmethod
+    def _state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(tensors, json-able config) describing the fitted attack."""
+
+    @abstractmethod
+    def _load_state(self, tensors: dict[str, Any], state: dict[str, Any]) -> None: ...
+
+    # ------------------------------------------------------------ persistence
+    def config(self) -> dict[str, Any]:
+        """The JSON config written beside the tensors."""
+        return _jsonable({"format_version": FORMAT_VERSION, "format": "splitinfer-attack", "recipe": self.name,
+                          "threat_model": self.threat_model, "requires": sorted(self.requires),
+                          "boundary_side": self.boundary_side, "hparams": self.hparams, "seed": self.seed,
+                          "meta": self.meta, "fit_report": self.fit_report})
+
+    def save(self, directory: str | Path) -> Path:
+        """Write ``config.json`` + ``attack.safetensors`` under ``directory`` (created)."""
+        import torch
+        from safetensors.torch import save_file
+
+        if not self.fitted:
+            raise AttackError(f"attack {self.name!r} is not fitted; nothing to save")
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors, state = self._state()
+        tensors = {k: (v if isinstance(v, torch.Tensor) else torch.as_tensor(np.asarray(v))).contiguous()
+                   for k, v in tensors.items()}
+        if not tensors:
+            tensors = {"_empty": torch.zeros(0)}
+        cfg = self.config()
+        cfg["state"] = _jsonable(state)
+        tmp = directory / (TENSORS_NAME + ".tmp")
+        save_file(tensors, str(tmp), metadata={"format": "splitinfer-attack", "recipe": self.name})
+        tmp.replace(directory / TENSORS_NAME)
+        (directory / CONFIG_NAME).write_text(json.dumps(cfg, indent=2, sort_keys=True), encoding="utf-8")
+        log.info("saved attack %s to %s", self.name, directory)
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path, model: Any = None) -> InversionAttack:
+        """Load a checkpoint written by :meth:`save` (``model``: a LoadedModel, for recipes needing weights)."""
+        from attacks.registry import get_attack_class
+
+        cfg = read_config(directory)
+        klass = get_attack_class(cfg["recipe"])
+        if cls is not InversionAttack and not issubclass(klass, cls):
+            raise AttackError(f"checkpoint {directory} holds a {cfg['recipe']!r} attack, not {cls.name!r}; load it "
+                              "with InversionAttack.load or attacks.registry.load_attack")
+        meta = cfg.get("meta", {})
+        if model is not None and meta.get("model_sha256") and model.sha256 != meta["model_sha256"]:
+            raise AttackError(f"model mismatch: checkpoint {directory} was trained on {meta.get('model')} (sha256 "
+                              f"{meta['model_sha256'][:12]}...) but the model given is {model.spec} (sha256 "
+                              f"{model.sha256[:12]}...); load the checkpoint's model")
+        try:
+            attack = klass(model=model, seed=cfg.get("seed", 0), **cfg.get("hparams", {}))
+        except TypeError as e:
+            raise AttackError(f"checkpoint {directory} has bad hyper-parameters ({e}); retrain it") from None
+        attack.meta.update(meta)
+        attack.fit_report = dict(cfg.get("fit_report", {}))
+        try:
+            from safetensors.torch import load_file
+
+            tensors = load_file(str(Path(directory) / TENSORS_NAME))
+        except Exception as e:  # safetensors raises several types on corrupt files
+            raise AttackError(f"checkpoint {directory}/{TENSORS_NAME} is unreadable or not safetensors ({e}); "
+                              "retrain the attack or restore the file") from None
+        try:
+            attack._load_state(tensors, cfg.get("state", {}))
+        except (KeyError, RuntimeError, ValueError) as e:
+            raise AttackError(f"checkpoint {directory} does not match recipe {cfg['recipe']!r} ({e}); it is "
+                              "corrupt or from another version: retrain the attack") from None
+        attack.fitted = True
+        return attack
+
+
+def read_config(directory: str | Path) -> dict[str, Any]:
+    """The validated ``config.json`` of an attack checkpoint directory."""
+    directory = Path(directory)
+    path = directory / CONFIG_NAME
+    if not directory.is_dir():
+        raise AttackError(f"attack checkpoint {directory} does not exist; train one with `splitinfer attack train`")
+    if not path.is_file() or not (directory / TENSORS_NAME).is_file():
+        raise AttackError(f"{directory} is not an attack checkpoint (needs {CONFIG_NAME} and {TENSORS_NAME}); "
+                          "point --attacker at the --out directory of `splitinfer attack train`")
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise AttackError(f"cannot read {path}: {e}; the checkpoint is corrupt, retrain it") from None
+    if not isinstance(cfg, dict) or cfg.get("format") != "splitinfer-attack" or "recipe" not in cfg:
+        raise AttackError(f"{path} is not a splitinfer attack config; retrain the attack")
+    if cfg.get("format_version") != FORMAT_VERSION:
+        raise AttackError(f"{path} has attack format version {cfg.get('format_version')!r}; this code reads "
+                          f"{FORMAT_VERSION}; retrain the attack")
+    return cfg

@@ -1,0 +1,220 @@
+"""Shared pieces of the learned attackers: input standardisation and a restricted-softmax token classifier.
+
+:class:`TokenClassifier` is the base of ``linear-probe``, ``mlp``,
+``seq-decoder`` and ``output-probe``. It
+
+- standardises hidden states per dimension with the training mean and std
+  (robust to the few outlier dimensions with huge activations), then clips to
+  +-``clip`` standard deviations;
+- trains a softmax over the *restricted vocabulary*: the tokens that occur as
+  targets in the training set. Deviation from a full-vocabulary softmax, for
+  CPU speed: a token never seen in training gets no output row and is never
+  guessed (a pair-trained softmax cannot learn it anyway; the embedding-space
+  attacks ``linear-embed`` and ``vocab-match`` cover the full vocabulary). The
+  returned guesses are token ids of the full vocabulary;
+- trains with :func:`attacks.trainer.fit_module` (AdamW, early stopping on
+  validation top-1, checkpoints, resume, DDP), token rows or whole sequences
+  (``sequence_level``) as items;
+- supports several output heads (``n_heads``) over the same vocabulary with
+  one target column each (``output-probe``: current and next token).
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import abstractmethod
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from attacks.base import Inversion, InversionAttack
+from attacks.errors import AttackError
+from attacks.tapdata import Taps
+from attacks.trainer import fit_module
+
+log = logging.getLogger(__name__)
+
+IGNORE = -100
+_CHUNK = 4096  # rows per scoring chunk
+
+
+def fit_standardizer(hidden: np.ndarray, max_rows: int = 200_000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Per-dimension (mean, std) of hidden states, shape (d,) each, from at most ``max_rows`` sampled rows."""
+    n = len(hidden)
+    rows = np.sort(np.random.default_rng(seed).choice(n, max_rows, replace=False)) if n > max_rows else slice(None)
+    x = np.asarray(hidden[rows], dtype=np.float64)  # (n', d)
+    mu, sd = x.mean(axis=0), x.std(axis=0)
+    return mu.astype(np.float32), np.maximum(sd, 1e-6).astype(np.float32)
+
+
+def standardize(hidden: np.ndarray, mu: np.ndarray, sd: np.ndarray, clip: float = 10.0) -> torch.Tensor:
+    """(N, d) -> float32 (N, d) tensor of (h - mu) / sd clipped to +-clip."""
+    out = np.empty(hidden.shape, dtype=np.float32)
+    for a in range(0, len(hidden), 65536):
+        x = (np.asarray(hidden[a: a + 65536], dtype=np.float32) - mu) / sd
+        out[a: a + 65536] = np.clip(x, -clip, clip) if clip else x
+    return torch.from_numpy(out)
+
+
+class TokenClassifier(InversionAttack):
+    """Base of the softmax attackers (restricted training vocabulary; see the module docstring)."""
+
+    sequence_level: ClassVar[bool] = False
+    n_heads: ClassVar[int] = 1
+    defaults: ClassVar[dict[str, Any]] = {"epochs": 10, "lr": 2e-3, "batch_size": 256, "weight_decay": 0.0,
+                                          "clip": 10.0, "device": "auto"}
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.module: nn.Module | None = None
+        self.mu = self.sd = self.vocab = None
+
+    # ------------------------------------------------------------ to implement
+    @abstractmethod
+    def _build(self, d_in: int, n_classes: int) -> nn.Module:
+        """Token level: (B, d) -> (B, n_heads * n_classes); sequence level: (B, T, d), pad (B, T) -> (B, T, ...)."""
+
+    def _targets(self, taps: Taps) -> np.ndarray:
+        """(N, n_heads) target ids, IGNORE where there is none. Default: the token itself."""
+        return taps.token_ids[:, None]
+
+    def _combine(self, logp: torch.Tensor, taps: Taps) -> torch.Tensor:
+        """(N, n_heads, V_r) log-probs -> (N, V_r) scores of each position's own token. Default: head 0."""
+        return logp[:, 0]
+
+    # ------------------------------------------------------------ training
+    def _device(self) -> torch.device:
+        """Training / scoring device: the accelerator's under ``accelerate launch``, else ``device`` ('auto': CUDA if any)."""
+        from attacks.trainer import get_accelerator
+
+        acc = get_accelerator()
+        if acc is not None:
+            return acc.device
+        dev = self.hparams["device"]
+        return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if dev == "auto" else dev)
+
+    def _prepare(self, taps: Taps) -> torch.Tensor:
+        return standardize(taps.hidden, self.mu, self.sd, self.hparams["clip"])  # (N, d)
+
+    def _forward(self, module: nn.Module, x: torch.Tensor, taps_seqs: Any = None) -> torch.Tensor:
+        """Token rows (B, d) or padded sequences -> (B[, T], n_heads, V_r) logits."""
+        dev = next(module.parameters()).device
+        out = module(*(t.to(dev) for t in x)) if isinstance(x, tuple) else module(x.to(dev))
+        return out.reshape(*out.shape[:-1], self.n_heads, -1)
+
+    def _seq_batch(self, x: torch.Tensor, starts: np.ndarray, seqs: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pad the sequences ``seqs`` of x into (B, T, d) and a (B, T) padding mask (True = pad)."""
+        lens = starts[seqs + 1] - starts[seqs]
+        t = int(lens.max())
+        xb = x.new_zeros((len(seqs), t, x.shape[1]))  # (B, T, d)
+        pad = torch.ones((len(seqs), t), dtype=torch.bool)  # (B, T)
+        for b, s in enumerate(seqs):
+            xb[b, : lens[b]] = x[starts[s]: starts[s + 1]]
+            pad[b, : lens[b]] = False
+        return xb, pad
+
+    def _fit(self, train: Taps, val: Taps | None, trainer: Any) -> None:
+        hp = self.hparams
+        self.mu, self.sd = fit_standardizer(train.hidden, seed=self.seed)
+        y_full = self._targets(train)  # (N, H)
+        self.vocab = np.unique(y_full[y_full != IGNORE])  # (V_r,)
+        if self.vocab.size == 0:
+            raise AttackError(f"attack {self.name!r}: the training taps hold no targets; give more tokens")
+        y = torch.from_numpy(self._map(y_full))  # (N, H) restricted ids / IGNORE
+        x = self._prepare(train)  # (N, d)
+        self.module = self._build(train.hidden_size, len(self.vocab)).to(self._device())
+        ce = nn.CrossEntropyLoss(ignore_index=IGNORE)
+        if self.sequence_level:
+            starts = train.seq_starts()
+
+            def loss_fn(module: nn.Module, idx: torch.Tensor) -> torch.Tensor:
+                seqs = idx.numpy()
+                xb, pad = self._seq_batch(x, starts, seqs)
+                yb = torch.full((len(seqs), xb.shape[1], self.n_heads), IGNORE, dtype=torch.long)  # (B, T, H)
+                for b, s in enumerate(seqs):
+                    yb[b, : starts[s + 1] - starts[s]] = y[starts[s]: starts[s + 1]]
+                logits = self._forward(module, (xb, pad))  # (B, T, H, V_r)
+                return ce(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1).to(logits.device))
+
+            n_items = len(train)
+        else:
+            rows = torch.from_numpy(np.flatnonzero((y != IGNORE).any(dim=1).numpy()))
+
+            def loss_fn(module: nn.Module, idx: torch.Tensor) -> torch.Tensor:
+                r = rows[idx]
+                logits = self._forward(module, x[r])  # (B, H, V_r)
+                return ce(logits.reshape(-1, logits.shape[-1]), y[r].reshape(-1).to(logits.device))
+
+            n_items = len(rows)
+        val_fn = None
+        if val is not None:
+            yv = self._map(self._targets(val))  # (Nv, H)
+
+            def val_fn(module: nn.Module) -> float:
+                pred = self._logp(val, module).argmax(-1).numpy()  # (Nv, H)
+                ok = yv != IGNORE
+                return float((pred == yv)[ok].mean()) if ok.any() else 0.0
+
+        report = fit_module(self.module, n_items, loss_fn, epochs=hp["epochs"], lr=hp["lr"],
+                            batch_size=hp["batch_size"], weight_decay=hp["weight_decay"], seed=self.seed,
+                            val_fn=val_fn, cfg=trainer, tag=self.name)
+        self.fit_report.update(report, restricted_vocab=int(len(self.vocab)))
+
+    def _map(self, ids: np.ndarray) -> np.ndarray:
+        """Full-vocabulary ids -> restricted ids (IGNORE where absent)."""
+        lut = np.full(max(int(ids.max(initial=0)), int(self.vocab.max())) + 1, IGNORE, dtype=np.int64)
+        lut[self.vocab] = np.arange(len(self.vocab))
+        out = np.full(ids.shape, IGNORE, dtype=np.int64)
+        ok = ids >= 0
+        out[ok] = lut[ids[ok]]
+        return out
+
+    # ------------------------------------------------------------ scoring
+    @torch.no_grad()
+    def _logp(self, taps: Taps, module: nn.Module | None = None) -> torch.Tensor:
+        """(N, H, V_r) log-probabilities over the restricted vocabulary."""
+        module = module or self.module
+        module.eval()
+        x = self._prepare(taps)
+        out = torch.empty((taps.n_tokens, self.n_heads, len(self.vocab)))
+        if self.sequence_level:
+            starts = taps.seq_starts()
+            order = np.arange(len(taps))
+            for a in range(0, len(order), 16):
+                seqs = order[a: a + 16]
+                xb, pad = self._seq_batch(x, starts, seqs)
+                lp = torch.log_softmax(self._forward(module, (xb, pad)), dim=-1).cpu()  # (B, T, H, V_r)
+                for b, s in enumerate(seqs):
+                    out[starts[s]: starts[s + 1]] = lp[b, : starts[s + 1] - starts[s]]
+        else:
+            for a in range(0, taps.n_tokens, _CHUNK):
+                out[a: a + _CHUNK] = torch.log_softmax(self._forward(module, x[a: a + _CHUNK]), dim=-1).cpu()
+        return out
+
+    def _invert(self, taps: Taps, k: int) -> Inversion:
+        scores = self._combine(self._logp(taps), taps)  # (N, V_r)
+        kk = min(k, scores.shape[1])
+        val, idx = scores.topk(kk, dim=-1)  # (N, kk)
+        topk = self.vocab[idx.numpy()]
+        if kk < k:  # fewer classes than k: pad with repeats of the best guess
+            topk = np.concatenate([topk, np.repeat(topk[:, :1], k - kk, axis=1)], axis=1)
+            val = torch.cat([val, val[:, :1].expand(-1, k - kk) - 1e9], dim=1)
+        return Inversion(topk[:, 0], topk, val.numpy())
+
+    # ------------------------------------------------------------ persistence
+    def _state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        tensors = {f"module.{k}": v.cpu() for k, v in self.module.state_dict().items()}
+        tensors.update({"std.mu": torch.from_numpy(self.mu), "std.sd": torch.from_numpy(self.sd),
+                        "vocab": torch.from_numpy(self.vocab.astype(np.int64))})
+        return tensors, {"d_in": int(len(self.mu)), "n_classes": int(len(self.vocab))}
+
+    def _load_state(self, tensors: dict[str, Any], state: dict[str, Any]) -> None:
+        self.mu, self.sd = tensors["std.mu"].numpy(), tensors["std.sd"].numpy()
+        self.vocab = tensors["vocab"].numpy().astype(np.int64)
+        if len(self.vocab) != state["n_classes"] or len(self.mu) != state["d_in"]:
+            raise ValueError("vocabulary or input size disagrees with the config")
+        self.module = self._build(int(state["d_in"]), int(state["n_classes"]))
+        self.module.load_state_dict({k[7:]: v for k, v in tensors.items() if k.startswith("module.")}, strict=True)
+        self.module.to(self._device()).eval()

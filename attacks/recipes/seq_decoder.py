@@ -1,0 +1,77 @@
+"""A small bidirectional transformer that reads the whole activation sequence and predicts every token (``seq-decoder``).
+
+Learned sequence-level inversion in the spirit of the inversion models of
+Morris et al. (2023, "Language model inversion") and of the
+activation-inversion attacks on split learning (e.g. "Unsplit", Erdogan et al.
+2022; Li et al. 2023, "Sentence embedding leaks more information than you
+expect"): unlike a per-token probe it uses context on both sides, so a
+token blurred at one position can be recovered from its neighbours' states
+(subword continuations, syntax, repeated names).
+
+Architecture: standardised hidden states (B, T, d) -> Linear(d, d_model) +
+learned position embedding -> ``layers`` pre-norm TransformerEncoder layers
+(bidirectional self-attention, GELU, key padding mask) -> LayerNorm ->
+Linear(d_model, |V_train|), plus (``skip``) a linear map from each position's
+own state to the logits, so the decoder starts from what a per-token probe
+sees and the transformer adds context. Trained on whole sequences with cross-entropy at
+every position. Deviation: non-autoregressive (one parallel prediction per
+position, no beam search), softmax restricted to the training vocabulary (see
+:mod:`attacks.recipes._common`). Trainable under ``accelerate launch
+--num_processes N`` (DDP; gloo on CPU) through :mod:`attacks.trainer`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from attacks.recipes._common import TokenClassifier
+from attacks.registry import register_attack
+
+
+class SeqDecoderNet(nn.Module):
+    """(B, T, d_in), pad mask (B, T) -> logits (B, T, n_classes)."""
+
+    def __init__(self, d_in: int, n_classes: int, d_model: int = 256, layers: int = 2, heads: int = 4,
+                 d_ff: int = 512, dropout: float = 0.1, max_len: int = 2048, skip: bool = True):
+        super().__init__()
+        self.skip = nn.Linear(d_in, n_classes) if skip else None  # each position's own state -> logits
+        self.inp = nn.Linear(d_in, d_model)
+        self.pos = nn.Embedding(max_len, d_model)
+        layer = nn.TransformerEncoderLayer(d_model, heads, d_ff, dropout, activation="gelu", batch_first=True,
+                                           norm_first=True)
+        self.enc = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(d_model)
+        self.out = nn.Linear(d_model, n_classes)
+        self.max_len = max_len
+
+    def forward(self, x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        pos = torch.arange(t, device=x.device).clamp(max=self.max_len - 1)  # (T,)
+        h = self.inp(x) + self.pos(pos)[None]  # (B, T, d_model)
+        h = self.enc(h, src_key_padding_mask=pad)  # (B, T, d_model)
+        logits = self.out(self.norm(h))  # (B, T, n_classes)
+        return logits if self.skip is None else logits + self.skip(x)
+
+
+@register_attack("seq-decoder")
+class SeqDecoder(TokenClassifier):
+    """Bidirectional transformer over the whole activation sequence, predicting every token from context."""
+
+    threat_model = "shadow"
+    requires = frozenset({"pairs"})
+    boundary_side = "head"
+    sequence_level = True
+    defaults = {**TokenClassifier.defaults, "epochs": 12, "lr": 1e-3, "batch_size": 8, "weight_decay": 1e-4,
+                "d_model": 256, "layers": 2, "heads": 4, "d_ff": 512, "dropout": 0.1, "max_len": 2048, "skip": True}
+
+    def _build(self, d_in: int, n_classes: int) -> nn.Module:
+        hp = self.hparams
+        return SeqDecoderNet(d_in, n_classes, int(hp["d_model"]), int(hp["layers"]), int(hp["heads"]),
+                             int(hp["d_ff"]), float(hp["dropout"]), int(hp["max_len"]), bool(hp["skip"]))
+
+    def _forward(self, module: nn.Module, x: Any, taps_seqs: Any = None) -> torch.Tensor:
+        out = module(*x)  # (B, T, V_r)
+        return out.reshape(*out.shape[:-1], self.n_heads, -1)  # (B, T, 1, V_r)

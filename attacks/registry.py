@@ -1,0 +1,87 @@
+"""Registry of inversion-attack recipes: ``@register_attack("name")`` in each file of :mod:`attacks.recipes`.
+
+:func:`make_attack` builds a recipe by name, :func:`list_attacks` describes
+every recipe (name, threat model, requirements, boundary side),
+:func:`load_attack` loads any checkpoint written by
+:meth:`attacks.base.InversionAttack.save`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import pkgutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from attacks.base import REQUIREMENTS, SIDES, THREAT_MODELS, InversionAttack
+from attacks.errors import AttackError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["register_attack", "make_attack", "list_attacks", "get_attack_class", "load_attack"]
+
+_REGISTRY: dict[str, type[InversionAttack]] = {}
+_LOADED = False
+
+
+def register_attack(name: str) -> Callable[[type[InversionAttack]], type[InversionAttack]]:
+    """Class decorator: register an :class:`InversionAttack` subclass under ``name`` (sets ``cls.name``)."""
+
+    def deco(cls: type[InversionAttack]) -> type[InversionAttack]:
+        if not (isinstance(cls, type) and issubclass(cls, InversionAttack)):
+            raise AttackError(f"@register_attack({name!r}) must decorate an InversionAttack subclass, got {cls!r}")
+        if cls.threat_model not in THREAT_MODELS:
+            raise AttackError(f"attack {name!r} declares threat model {cls.threat_model!r}; use one of {THREAT_MODELS}")
+        if cls.boundary_side not in SIDES:
+            raise AttackError(f"attack {name!r} declares boundary side {cls.boundary_side!r}; use one of {SIDES}")
+        bad = sorted(set(cls.requires) - set(REQUIREMENTS))
+        if bad:
+            raise AttackError(f"attack {name!r} requires unknown resources {bad}; known: {sorted(REQUIREMENTS)}")
+        old = _REGISTRY.get(name)
+        if old is not None and old.__qualname__ != cls.__qualname__:
+            raise AttackError(f"attack name {name!r} is registered twice ({old.__qualname__}, {cls.__qualname__})")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def _load_recipes() -> None:
+    """Import every module of :mod:`attacks.recipes` (each registers its attacks)."""
+    global _LOADED
+    if _LOADED:
+        return
+    import attacks.recipes as pkg
+
+    for mod in pkgutil.iter_modules(pkg.__path__):
+        if not mod.name.startswith("_"):
+            importlib.import_module(f"attacks.recipes.{mod.name}")
+    _LOADED = True
+
+
+def get_attack_class(name: str) -> type[InversionAttack]:
+    """The registered class of ``name``, or AttackError listing the known names."""
+    _load_recipes()
+    if name not in _REGISTRY:
+        raise AttackError(f"unknown attack {name!r}; choose one of {', '.join(sorted(_REGISTRY))} "
+                          "(see `splitinfer attack list`)")
+    return _REGISTRY[name]
+
+
+def make_attack(name: str, **kwargs: Any) -> InversionAttack:
+    """Build the attack ``name`` (kwargs: ``model=``, ``seed=`` and the recipe's hyper-parameters)."""
+    return get_attack_class(name)(**kwargs)
+
+
+def list_attacks() -> list[dict[str, Any]]:
+    """One description per registered recipe, sorted by name."""
+    _load_recipes()
+    return [_REGISTRY[n].describe() for n in sorted(_REGISTRY)]
+
+
+def load_attack(directory: str | Path, model: Any = None) -> InversionAttack:
+    """Load any attack checkpoint (see :meth:`InversionAttack.load`)."""
+    return InversionAttack.load(directory, model=model)

@@ -1,0 +1,211 @@
+"""Decoding benchmark (issue 4): exactness, tokens per round trip and modelled speed of every proposer.
+
+``splitinfer bench decoding`` runs, on the default model split 2,2 over an
+in-process link with an fp32 wire:
+
+1. *Acceptance*: sequential greedy decoding of every prompt
+   (:mod:`benchmarks.prompts`, chat template, ``--max-new-tokens`` 200), then
+   every proposer at its defaults on the same prompts; each output must be
+   token-identical to sequential and every emitted token's logits within
+   ``--tolerance`` (1e-4). The suffix and combined proposers keep their
+   state across prompts (SuffixDecoding's cache of earlier outputs).
+2. *Step-time model* (DESIGN.md section 6, :mod:`splitinfer.timing`),
+   fitted to all measured decode steps and cross-validated, projected to
+   20 and 80 ms RTT at 100 Mbit/s; also with a *flat* per-step compute cost
+   (every step costs what a 1-token step costs, as on a GPU).
+   ``combined`` sizes its trees with this model's costs at 80 ms (fixed
+   coefficients, so the run is reproducible); ``combined gpu-flat@80ms``
+   with the flat costs (which also switches its lookahead branch on).
+3. *Ablation* (the seed's section 6.4 on our model): ``ngram-pool`` n = 3..7,
+   ``prompt-lookup`` / ``suffix`` / ``combined`` at T in {8, 16, 32, 64}, and
+   ``combined`` sized for other costs, by exact replay against the sequential
+   outputs (:mod:`splitinfer.decoding.replay`; checked against the measured
+   runs); ``lookahead`` N = 3..7 by real runs on ``--ablation-prompts``
+   prompts per category (it learns from the model's outputs and cannot be
+   replayed).
+
+Tables go to stdout (:mod:`benchmarks.decoding_report`), figures and the
+raw results to ``--out``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from benchmarks.prompts import PROMPTS
+from splitinfer.client import SplitModel
+from splitinfer.decoding.base import DecodingEnv, list_proposers, make_proposer
+from splitinfer.decoding.replay import replay
+from splitinfer.errors import SplitInferError
+from splitinfer.timing import StepTimeModel, StepTiming, cross_validate, fit
+
+log = logging.getLogger(__name__)
+
+RTTS = (20.0, 80.0)
+BANDWIDTH = 100.0
+BUDGETS = (8, 16, 32, 64)
+NGRAMS = (3, 4, 5, 6, 7)
+
+
+def _run_record(res, ref, cat: str) -> dict:
+    """One generation's figures, and its exactness against the sequential reference."""
+    same = res.token_ids == ref.token_ids
+    n = min(len(res.logits), len(ref.logits))
+    diff = (torch.stack(res.logits[:n]) - torch.stack(ref.logits[:n])).abs().max().item() if n else 0.0
+    return {
+        "category": cat,
+        "tokens": len(res.token_ids),
+        "steps": [s.to_dict() for s in res.steps],
+        "wall_s": res.wall_s,
+        "token_identical": same,
+        "max_logit_diff": diff,
+    }
+
+
+def _steps(records: list[dict], decode_only: bool = True) -> list[StepTiming]:
+    out = []
+    for r in records:
+        steps = [StepTiming(**s) for s in r["steps"]]
+        out += steps[1:] if decode_only else steps
+    return out
+
+
+def cost_coefficients(model: StepTimeModel, flat: bool = False) -> tuple[float, float]:
+    """(step_ms, token_ms) of ``t(T) = step_ms + token_ms * T`` from a fitted, projected model."""
+    t0, t1 = model.predict(0, flat), model.predict(1, flat)
+    return t0, t1 - t0
+
+
+class DecodingBench:
+    """State of one benchmark run; see the module docstring."""
+
+    def __init__(self, sm: SplitModel, prompts: dict[str, list[str]], max_new_tokens: int, tolerance: float):
+        self.sm, self.max_new, self.tol = sm, max_new_tokens, tolerance
+        self.items = [(cat, p) for cat, ps in prompts.items() for p in ps]
+        self.ids = [sm.encode_prompt(p, chat=True) for _, p in self.items]
+        self.refs: list = []
+        self.runs: dict[str, list[dict]] = {}  # label -> per-prompt records
+        self.env = DecodingEnv(vocab_size=int(sm.loaded.model.config.vocab_size),
+                               eos_ids=frozenset(_eos(sm)), max_new_tokens=max_new_tokens)
+
+    def reference(self) -> None:
+        self.sm.generate(self.ids[0], 4)  # warm-up
+        for ids, (cat, _) in tqdm(list(zip(self.ids, self.items)), desc="sequential", leave=False):
+            self.refs.append(self.sm.generate(ids, self.max_new, record_logits=True))
+        self.runs["sequential"] = [_run_record(r, r, cat) for r, (cat, _) in zip(self.refs, self.items)]
+
+    def measure(self, label: str, name: str, options: dict | None = None, subset: list[int] | None = None) -> None:
+        """Real runs of one proposer (one instance across the prompts, in order)."""
+        proposer = make_proposer(name, **(options or {}))
+        records = []
+        for i in tqdm(subset if subset is not None else range(len(self.items)), desc=label, leave=False):
+            res = self.sm.generate(self.ids[i], self.max_new, record_logits=True, decoding=proposer)
+            records.append(_run_record(res, self.refs[i], self.items[i][0]))
+            if not records[-1]["token_identical"] or records[-1]["max_logit_diff"] > self.tol:
+                log.warning("%s: exactness failure on prompt %d (identical=%s, max diff %.2e)", label, i,
+                            records[-1]["token_identical"], records[-1]["max_logit_diff"])
+        self.runs[label] = records
+
+    def replayed(self, label: str, name: str, options: dict | None = None, cost: StepTimeModel | None = None) -> None:
+        """Exact replay of one proposer against the sequential outputs (no model)."""
+        proposer = make_proposer(name, **(options or {}))
+        records = []
+        for ids, ref, (cat, _) in zip(self.ids, self.refs, self.items):
+            steps = replay(proposer, ids, ref.token_ids, self.max_new, self.env, cost)
+            records.append({"category": cat, "tokens": len(ref.token_ids), "steps": [s.to_dict() for s in steps],
+                            "wall_s": None, "token_identical": True, "max_logit_diff": None, "replayed": True})
+        self.runs[label] = records
+
+
+def _eos(sm: SplitModel) -> set[int]:
+    from splitinfer.client import _eos_ids
+
+    return _eos_ids(sm.loaded)
+
+
+def run_decoding_bench(
+    sm: SplitModel,
+    max_new_tokens: int = 200,
+    prompts_per_category: int = 5,
+    ablation: bool = True,
+    ablation_prompts: int = 1,
+    proposers: list[str] | None = None,
+    tolerance: float = 1e-4,
+) -> dict:
+    """Run the whole benchmark and return its results (see the module docstring)."""
+    prompts = {c: ps[:prompts_per_category] for c, ps in PROMPTS.items()}
+    bench = DecodingBench(sm, prompts, max_new_tokens, tolerance)
+    t_start = time.perf_counter()
+    bench.reference()
+    names = [n for n in (proposers or list_proposers()) if n not in ("sequential", "combined")]
+    for name in names:
+        bench.measure(name, name)
+    model = fit(_steps([r for recs in bench.runs.values() for r in recs]), 0.0, None, skip_prefill=False)
+    cpu80 = model.project(80.0, BANDWIDTH)
+    step_ms, token_ms = cost_coefficients(cpu80)
+    combined_opts = {"step_ms": step_ms, "token_ms": token_ms}
+    flat_ms = cost_coefficients(cpu80, flat=True)
+    flat_opts = {"step_ms": flat_ms[0], "token_ms": flat_ms[1]}
+    if proposers is None or "combined" in proposers:
+        bench.measure("combined", "combined", combined_opts)
+        bench.measure("combined gpu-flat@80ms", "combined", flat_opts)
+    # Pool every measured step for the final model (combined's steps included).
+    all_steps = _steps([r for recs in bench.runs.values() for r in recs])
+    model = fit(all_steps, 0.0, None, skip_prefill=False)
+    results = {
+        "config": {"model": sm.loaded.spec, "model_sha256": sm.loaded.sha256, "split": str(sm.split),
+                   "wire_dtype": "fp32", "max_new_tokens": max_new_tokens, "prompts": prompts,
+                   "tolerance": tolerance, "combined_options": combined_opts,
+                   "combined_gpu_flat_options": flat_opts},
+        "step_model": model.to_dict(),
+        "cross_validation": cross_validate(all_steps, 0.0, None, skip_prefill=False),
+        "replay_checks": {},
+    }
+    if ablation:
+        _ablation(bench, model, ablation_prompts, results)
+    results["runs"] = bench.runs
+    results["wall_s"] = time.perf_counter() - t_start
+    return results
+
+
+def _ablation(bench: DecodingBench, model: StepTimeModel, ablation_prompts: int, results: dict) -> None:
+    checks = results["replay_checks"]
+    for name, opts in (("ngram-pool", {}), ("prompt-lookup", {}), ("suffix", {}),
+                       ("combined", results["config"]["combined_options"])):
+        if name in bench.runs:
+            label = f"{name} (replay)"
+            try:
+                bench.replayed(label, name, opts)
+            except SplitInferError as e:  # combined with its lookahead branch learns from the model
+                checks[name] = f"not replayable: {e}"
+                continue
+            committed = lambda recs: [[s["tokens_committed"] for s in r["steps"]] for r in recs]  # noqa: E731
+            checks[name] = committed(bench.runs[name]) == committed(bench.runs[label])
+            del bench.runs[label]
+    for n in NGRAMS:
+        bench.replayed(f"ngram-pool n={n}", "ngram-pool", {"ngram": n})
+    for t in BUDGETS:
+        bench.replayed(f"prompt-lookup T={t}", "prompt-lookup", {"draft_budget": t})
+        bench.replayed(f"suffix T={t}", "suffix", {"draft_budget": t})
+        bench.replayed(f"combined T={t} fixed", "combined", {"draft_budget": t, "adaptive": False,
+                                                             "lookahead": "off"})
+    for rtt in RTTS:
+        for flat in (False, True):
+            proj = model.project(rtt, BANDWIDTH)
+            step_ms, token_ms = cost_coefficients(proj, flat)
+            label = f"combined-no-lookahead sized {'gpu-flat' if flat else 'cpu'}@{rtt:g}ms"
+            bench.replayed(label, "combined", {"step_ms": step_ms, "token_ms": token_ms, "lookahead": "off"})
+    subset = [i for c in PROMPTS for i in [j for j, (cat, _) in enumerate(bench.items) if cat == c][:ablation_prompts]]
+    for n in NGRAMS:
+        bench.measure(f"lookahead N={n}", "lookahead", {"ngram": n}, subset=subset)
+
+
+def save(results: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "decoding.json").write_text(json.dumps(results, indent=1, sort_keys=True))

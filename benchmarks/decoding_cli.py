@@ -1,0 +1,59 @@
+"""``splitinfer bench decoding``: exactness, tau, ablation and modelled speed of every proposer (issue 4)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def cmd_decoding(args) -> int:
+    import json
+
+    from benchmarks.decoding import run_decoding_bench, save
+    from benchmarks.decoding_report import format_report, plot, summarize, targets
+
+    out = Path(args.out)
+    if args.report_only:
+        results = json.loads(Path(args.report_only).read_text())
+    else:
+        from splitinfer.cli import load_for_cli
+        from splitinfer.client import SplitModel
+
+        sm = SplitModel(load_for_cli(args), args.split, wire_dtype="fp32")
+        results = run_decoding_bench(
+            sm, max_new_tokens=args.max_new_tokens, prompts_per_category=args.prompts_per_category,
+            ablation=not args.no_ablation, ablation_prompts=args.ablation_prompts,
+            proposers=args.proposers.split(",") if args.proposers else None, tolerance=args.tolerance,
+        )
+        save(results, out)
+    table = summarize(results)
+    results["targets"] = targets(table, results)
+    report = format_report(results)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.txt").write_text(report + "\n")
+    summary = {k: results[k] for k in ("config", "step_model", "cross_validation", "replay_checks", "targets",
+                                       "wall_s") if k in results}
+    (out / "summary.json").write_text(json.dumps({**summary, "table": table}, indent=1, sort_keys=True))
+    print(report)
+    for p in plot(results, out):
+        print(f"plot written to {p}")
+    print(f"report, summary.json and plots written to {out} ({results.get('wall_s', 0) / 60:.1f} min run)")
+    exact = [t for k, t in results["targets"].items() if k.startswith("exactness")]
+    return 0 if all(t["met"] for t in exact) else 1
+
+
+def register(bsub) -> None:
+    from splitinfer.cli import add_model_args
+
+    d = bsub.add_parser("decoding", help="speculative decoding: exactness, tau per category, ablation, modelled tok/s")
+    add_model_args(d)
+    d.add_argument("--max-new-tokens", type=int, default=200)
+    d.add_argument("--prompts-per-category", type=int, default=5, help="up to 5 (default %(default)s)")
+    d.add_argument("--proposers", default=None, help="comma list (default: all registered)")
+    d.add_argument("--no-ablation", action="store_true", help="skip the ablation sweeps")
+    d.add_argument("--ablation-prompts", type=int, default=1,
+                   help="prompts per category for the lookahead N sweep (real runs; default %(default)s)")
+    d.add_argument("--tolerance", type=float, default=1e-4, help="max |logit difference| (default %(default)s)")
+    d.add_argument("--out", default="reports/decoding", help="directory for decoding.json and plots")
+    d.add_argument("--report-only", default=None, metavar="DECODING_JSON",
+                   help="rebuild the report, summary.json and plots from an earlier run's decoding.json")
+    d.set_defaults(func=cmd_decoding)

@@ -1,0 +1,204 @@
+"""Proposer interface, drafts and the proposer registry.
+
+A *proposer* guesses what comes after the context; the verifier
+(:mod:`splitinfer.decoding.verify`) checks the guesses against the model in
+one round trip and keeps the longest correct prefix. Proposers never touch
+the model or the cloud body: they see token ids only, plus (optionally) the
+verifier's :class:`StepFeedback` (the model's greedy prediction at every
+draft node, and the step's timing), which is how Jacobi-style proposers get
+their next iterate.
+
+A :class:`Draft` is a token tree in parent-array form (see
+:mod:`splitinfer.decoding.tree`): ``parents[i] == -1`` makes node ``i`` a
+child of the context's last token. An empty draft means plain sequential
+decoding.
+
+Each proposer lives in its own module and registers itself by name with
+``@register_proposer("name")``; :func:`make_proposer` builds one from a name
+and keyword options and turns bad names or options into
+:class:`~splitinfer.errors.SplitInferError`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from splitinfer.decoding.tree import validate_parents
+from splitinfer.errors import SplitInferError
+
+# Modules imported by make_proposer / list_proposers so that their decorators run.
+PROPOSER_MODULES = ("sequential", "jacobi", "ngram_pool", "lookahead", "prompt_lookup", "suffix", "combined")
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A token tree to verify: ``tokens[i]`` hangs under ``parents[i]`` (-1 = the context's last token)."""
+
+    tokens: tuple[int, ...] = ()
+    parents: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "tokens", tuple(int(t) for t in self.tokens))
+        object.__setattr__(self, "parents", tuple(int(p) for p in self.parents))
+        if len(self.tokens) != len(self.parents):
+            raise SplitInferError(f"draft has {len(self.tokens)} tokens but {len(self.parents)} parents")
+        validate_parents(list(self.parents))
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @classmethod
+    def chain(cls, tokens: Sequence[int]) -> Draft:
+        """A single guessed continuation."""
+        return cls(tuple(tokens), tuple(range(-1, len(tokens) - 1)))
+
+
+EMPTY = Draft()
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One guessed continuation from a source, for merging into a tree (see :mod:`.merge`).
+
+    ``conf[k]`` is the source's own estimate (0..1] that ``tokens[k]`` is right
+    given ``tokens[:k]`` are (a frequency ratio for the suffix cache, a rank
+    discount for pools); ``rank`` orders a source's candidates, best first.
+    """
+
+    tokens: tuple[int, ...]
+    conf: tuple[float, ...]
+    source: str
+    rank: int = 0
+
+
+@dataclass
+class DecodingEnv:
+    """What a proposer may know about the run (set by the verifier in :meth:`Proposer.begin`)."""
+
+    vocab_size: int
+    eos_ids: frozenset[int] = frozenset()
+    max_new_tokens: int = 128
+    rtt_ms: float = 0.0  # the link's emulated RTT (0 on an in-process link)
+    bandwidth_mbps: float | None = None  # None = unlimited
+
+
+@dataclass
+class StepFeedback:
+    """What the verifier saw in one step, in the proposer's own draft indices.
+
+    ``node_argmax[i]`` is the model's greedy next token after draft node ``i``
+    (conditioned on ``i`` and its ancestors), or None where the verifier
+    pruned the node. ``accepted_nodes`` are the draft nodes on the accepted
+    path, root side first. ``root_argmax`` is the greedy token after the
+    context's last token. ``sent_nodes`` are the draft nodes actually sent
+    (the verifier prunes nodes that could only emit tokens past the budget).
+    """
+
+    draft: Draft
+    node_argmax: list[int | None]
+    accepted_nodes: list[int]
+    root_argmax: int
+    timing: object | None = None  # the step's StepTiming
+    sent_nodes: list[int] = field(default_factory=list)  # draft nodes the verifier kept and sent
+
+
+class Proposer(ABC):
+    """Guesses continuations; learns from what was accepted.
+
+    Lifecycle per generation: ``begin(prompt, env)``, then per step
+    ``propose(context)`` -> verify -> ``update(context, accepted, feedback)``,
+    and finally ``end(prompt, output)``. ``context`` is the prompt plus all
+    tokens emitted so far (its last token is the one the next step feeds the
+    model); ``accepted`` are the tokens that step emitted (accepted draft
+    tokens plus the model's bonus token).
+    """
+
+    name = "?"
+    #: True when the proposer learns from the model's outputs at *rejected* draft nodes (Jacobi
+    #: iterates, lookahead windows), so it cannot be replayed without the model.
+    learns_from_rejected = False
+
+    def begin(self, prompt: list[int], env: DecodingEnv) -> None:
+        """Start a new generation for ``prompt`` (default: remember the env)."""
+        self.env = env
+
+    @abstractmethod
+    def propose(self, context: list[int]) -> Draft:
+        """Return a draft continuing ``context`` (empty = no guess this step)."""
+
+    def update(self, context: list[int], accepted: list[int], feedback: StepFeedback | None = None) -> None:
+        """Learn from one step: ``context + accepted`` is the new context."""
+
+    def end(self, prompt: list[int], output: list[int]) -> None:
+        """The generation finished with ``output`` (default: nothing)."""
+
+
+_REGISTRY: dict[str, type[Proposer]] = {}
+
+
+def register_proposer(name: str):
+    """Class decorator: make a :class:`Proposer` subclass available as ``name``."""
+
+    def deco(cls: type[Proposer]) -> type[Proposer]:
+        if not (isinstance(cls, type) and issubclass(cls, Proposer)):
+            raise SplitInferError(f"@register_proposer({name!r}) must decorate a Proposer subclass")
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise SplitInferError(f"proposer name {name!r} is already registered by {_REGISTRY[name].__name__}")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def _load_all() -> None:
+    for mod in PROPOSER_MODULES:
+        importlib.import_module(f"splitinfer.decoding.{mod}")
+
+
+def list_proposers() -> list[str]:
+    """Names of all registered proposers, sorted."""
+    _load_all()
+    return sorted(_REGISTRY)
+
+
+def proposer_options(name: str) -> dict[str, object]:
+    """The keyword options ``name`` accepts, with their defaults."""
+    cls = _proposer_class(name)
+    sig = inspect.signature(cls.__init__)
+    return {k: p.default for k, p in sig.parameters.items() if k != "self" and p.kind == p.KEYWORD_ONLY}
+
+
+def _proposer_class(name: str) -> type[Proposer]:
+    _load_all()
+    if name not in _REGISTRY:
+        raise SplitInferError(f"unknown decoding {name!r}; choose one of {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]
+
+
+def make_proposer(name: str, **options) -> Proposer:
+    """Build the proposer registered as ``name`` with keyword ``options``.
+
+    Options that are None are dropped (so CLI flags left unset fall back to
+    each proposer's defaults). Unknown options raise SplitInferError naming
+    the ones the proposer takes.
+    """
+    cls = _proposer_class(name)
+    options = {k: v for k, v in options.items() if v is not None}
+    accepted = proposer_options(name)
+    bad = sorted(set(options) - set(accepted))
+    if bad:
+        takes = ", ".join(f"{k}={v!r}" for k, v in accepted.items()) or "no options"
+        raise SplitInferError(f"decoding {name!r} does not take option(s) {', '.join(bad)}; it takes {takes}")
+    return cls(**options)
+
+
+def check_positive(name: str, value, minimum: int = 1) -> int:
+    """Validate an integer option (shared by the proposers' constructors)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise SplitInferError(f"option {name} must be an integer >= {minimum}, got {value!r}")
+    return value

@@ -1,0 +1,104 @@
+"""Replaying a proposer against a known greedy output, without running the model.
+
+Under greedy decoding the verifier accepts a draft node exactly when its
+parent is accepted and its token equals the model's greedy token there; on
+the accepted path those greedy tokens *are* the sequential output. So, given
+the sequential output of a prompt, the accepted path of any draft is the
+longest draft path that agrees with that output, and tokens per step (tau)
+of a proposer can be computed without the model, step by step exactly as
+:func:`splitinfer.decoding.verify.decode` would (same pruning, same
+feedback for accepted nodes). Proposers that learn from the model's outputs
+at *rejected* nodes (Jacobi iteration, lookahead's window) cannot be
+replayed: :func:`replay` refuses them.
+
+Used by the ablation benchmark to sweep many settings cheaply; the benchmark
+also checks that replayed tau equals measured tau for the default proposers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from splitinfer.decoding.base import EMPTY, DecodingEnv, Proposer, StepFeedback
+from splitinfer.decoding.tree import depths
+from splitinfer.decoding.verify import prune_draft
+from splitinfer.errors import SplitInferError
+from splitinfer.timing import StepTimeModel, StepTiming, transfer_ms
+
+def _timing(model: StepTimeModel | None, sent: int) -> StepTiming:
+    t = StepTiming(tokens_sent=sent)
+    if model is not None:
+        nbytes = max(0.0, model.bytes[0] + model.bytes[1] * sent)
+        t.bytes_up = t.bytes_down = int(nbytes / 2)
+        t.network_ms = model.rtt_ms + transfer_ms(nbytes, model.bandwidth_mbps)
+        t.total_ms = model.predict(sent)
+        t.other_ms = t.total_ms - t.network_ms
+    return t
+
+
+def replay(
+    proposer: Proposer,
+    prompt: Sequence[int],
+    output: Sequence[int],
+    max_new_tokens: int,
+    env: DecodingEnv,
+    cost_model: StepTimeModel | None = None,
+) -> list[StepTiming]:
+    """Steps (tokens sent / drafted / accepted / committed) the verifier would take to emit ``output``.
+
+    ``output`` is the sequential greedy output for ``prompt`` under
+    ``max_new_tokens`` (ending at EOS or at the budget). ``cost_model``, if
+    given, fills in modelled times (proposers that size drafts by measured
+    step time see them as feedback).
+    """
+    if proposer.learns_from_rejected:
+        raise SplitInferError(f"proposer {proposer.name!r} learns from the model's outputs and cannot be replayed")
+    if not output:
+        raise SplitInferError("cannot replay an empty output")
+    prompt, output = list(prompt), list(output)
+    proposer.begin(list(prompt), env)
+    steps = [_timing(cost_model, len(prompt))]
+    steps[0].tokens_committed = 1
+    proposer.update(list(prompt), [output[0]], StepFeedback(EMPTY, [], [], output[0], steps[0]))
+    n_out = 1
+    context = prompt + [output[0]]
+    while n_out < len(output):
+        remaining = max_new_tokens - n_out
+        draft = proposer.propose(list(context)) if remaining > 1 else EMPTY
+        pruned, kept = prune_draft(draft, max_depth=remaining - 1, max_nodes=1 << 30)
+        truth = output[n_out:]  # the greedy continuation after context[-1]
+        dep = depths(list(pruned.parents))
+        ok: list[bool] = []
+        best, best_depth = -1, 0
+        for i, (tok, p) in enumerate(zip(pruned.tokens, pruned.parents)):
+            good = (p < 0 or ok[p]) and dep[i] < len(truth) and tok == truth[dep[i]]
+            ok.append(good)
+            if good and dep[i] + 1 > best_depth:
+                best, best_depth = i, dep[i] + 1
+        path = []
+        while best >= 0:
+            path.append(best)
+            best = pruned.parents[best]
+        path.reverse()
+        out = truth[: len(path) + 1]
+        node_argmax: list[int | None] = [None] * len(draft)
+        for i in path:
+            if dep[i] + 1 < len(truth):
+                node_argmax[kept[i]] = truth[dep[i] + 1]
+        t = _timing(cost_model, 1 + len(pruned))
+        t.draft_tokens, t.draft_accepted, t.tokens_committed = len(pruned), len(path), len(out)
+        fb = StepFeedback(draft, node_argmax, [kept[i] for i in path], truth[0], t, list(kept))
+        proposer.update(list(context), list(out), fb)
+        if proposer.learns_from_rejected:  # e.g. combined once its lookahead branch rode along
+            raise SplitInferError(f"proposer {proposer.name!r} used the model's outputs; it cannot be replayed "
+                                  "(for combined pass lookahead='off')")
+        context += out
+        n_out += len(out)
+        steps.append(t)
+    proposer.end(prompt, output)
+    return steps
+
+
+def tau(steps: Sequence[StepTiming]) -> float:
+    """Tokens per round trip, prefill included (as ``GenerationResult.tokens_per_step``)."""
+    return sum(s.tokens_committed for s in steps) / max(1, len(steps))

@@ -1,0 +1,52 @@
+"""linear-probe (softmax) and linear-embed (ridge into the embedding space, nearest-neighbour decoding)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attacks.errors import AttackError
+from attacks.registry import load_attack, make_attack
+from attacks.tapdata import Taps
+from tests.attacks.synth import accuracy, make_taps
+
+
+def embedding_taps(tiny, tokens: np.ndarray, seed: int, noise: float = 0.05) -> Taps:
+    """Hidden = E[token] @ A + noise with a fixed random A: an easy linear inversion into the tiny model's embedding."""
+    emb = tiny.model.model.embed_tokens.weight.detach().numpy()  # (V, d)
+    a = np.random.default_rng(7).normal(size=(emb.shape[1], emb.shape[1])) / np.sqrt(emb.shape[1])
+    rng = np.random.default_rng(seed)
+    hidden = (emb[tokens] @ a + noise * rng.normal(size=(len(tokens), emb.shape[1]))).astype(np.float32)
+    n_seq = len(tokens) // 10
+    meta = {"model": tiny.spec, "model_sha256": tiny.sha256, "boundary": "head:2", "depth": 2, "num_layers": 6}
+    docs = [{"doc_id": f"s{seed}-{i}", "genre": "", "text": "", "pii_spans": []} for i in range(n_seq)]
+    return Taps(hidden, tokens, np.full(n_seq, 10), np.arange(n_seq), docs, None, meta)
+
+
+def test_linear_probe_beats_uniform_and_round_trips(tmp_path) -> None:
+    train, test = make_taps(seed=0), make_taps(seed=1, first_doc=100)
+    attack = make_attack("linear-probe", epochs=10, batch_size=32, lr=0.01).fit(train, make_taps(seed=2))
+    inv = attack.invert(test)
+    assert accuracy(inv, test) > 0.9
+    assert attack.fit_report["restricted_vocab"] == 40 and attack.fit_report["best_val"] > 0.8
+    again = load_attack(attack.save(tmp_path / "lp"))
+    assert np.array_equal(again.invert(test).topk, inv.topk)
+
+
+def test_linear_embed_recovers_tokens_never_seen_in_training(tiny, tmp_path) -> None:
+    rng = np.random.default_rng(0)
+    train = embedding_taps(tiny, rng.integers(0, 200, 2000), seed=0)  # tokens 0..199 only
+    test = embedding_taps(tiny, rng.integers(200, 259, 300), seed=1)  # tokens never seen
+    attack = make_attack("linear-embed", model=tiny).fit(train)
+    assert attack.fit_report["metric"] in ("cosine", "l2") and attack.fit_report["alpha"] in attack.hparams["alphas"]
+    inv = attack.invert(test)
+    assert accuracy(inv, test) > 0.9
+    path = attack.save(tmp_path / "le")
+    assert np.array_equal(load_attack(path, model=tiny).invert(test).topk, inv.topk)
+    with pytest.raises(AttackError, match="needs embedding"):
+        load_attack(path).invert(test)
+
+
+def test_linear_embed_bad_metric() -> None:
+    with pytest.raises(AttackError, match="metric"):
+        make_attack("linear-embed", metric="manhattan")

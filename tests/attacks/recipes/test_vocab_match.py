@@ -1,0 +1,113 @@
+"""vocab-match: exact white-box inversion on tiny-random head states (fp32 and fp16 wire), candidate orders, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from attacks.errors import AttackError
+from attacks.recipes.vocab_match import match_distance
+from attacks.registry import load_attack, make_attack
+from attacks.tapdata import extract_depths
+from tests.attacks.synth import accuracy, make_taps
+
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "Call Ann Lee at 555-0199 about invoice 42.",
+         "def f(x):\n    return x * 2\n", "user: hello\nassistant: hi there!", "Zebras zig-zag; quartz vex."]
+
+
+@pytest.fixture(scope="module")
+def taps(tiny, tmp_path_factory):
+    root = tmp_path_factory.mktemp("vm")
+    path = root / "docs.jsonl"
+    path.write_text("\n".join(json.dumps({"doc_id": f"d{i}", "text": t}) for i, t in enumerate(TEXTS * 4)))
+    import os
+
+    old = os.environ.get("SPLITINFER_CACHE")
+    os.environ["SPLITINFER_CACHE"] = str(root / "cache")
+    try:
+        fp32 = extract_depths(tiny, f"file:{path}", ["head:1", "head:2", "head:4"], dtype="fp32", progress=False)
+        fp16 = extract_depths(tiny, f"file:{path}", ["head:4"], dtype="fp16", progress=False)
+    finally:
+        if old is None:
+            os.environ.pop("SPLITINFER_CACHE")
+        else:
+            os.environ["SPLITINFER_CACHE"] = old
+    return fp32, fp16
+
+
+def split(t):
+    n = len(t)
+    return t.select_sequences(range(n // 2)), t.select_sequences(range(n // 2, n))
+
+
+@pytest.mark.parametrize("boundary", ["head:1", "head:2", "head:4"])
+def test_vocab_match_recovers_every_token_fp32(tiny, taps, boundary) -> None:
+    train, test = split(taps[0][boundary])
+    attack = make_attack("vocab-match", model=tiny).fit(train)
+    inv = attack.invert(test)
+    assert accuracy(inv, test) == 1.0
+    assert inv.info["accepted_rate"] == 1.0 and inv.info["seconds_per_token"] > 0
+    assert np.all(inv.scores[:, 0] > -attack.hparams["tol"])
+
+
+def test_vocab_match_is_robust_to_fp16_wire_rounding(tiny, taps) -> None:
+    train, test = split(taps[1]["head:4"])
+    inv = make_attack("vocab-match", model=tiny).fit(train).invert(test)
+    assert accuracy(inv, test) == 1.0 and inv.info["accepted_rate"] == 1.0
+
+
+def test_vocab_match_without_proposer_scans_the_vocabulary(tiny, taps) -> None:
+    train, test = split(taps[0]["head:2"])
+    test = test.select_sequences([0])
+    inv = make_attack("vocab-match", model=tiny, proposer="none", batch_sizes=[64], max_batch=128).fit(train).invert(test)
+    assert accuracy(inv, test) == 1.0 and inv.info["mean_candidates"] > 8
+
+
+def test_vocab_match_tries_a_learned_attackers_topk_first(tiny, taps) -> None:
+    train, test = split(taps[0]["head:2"])
+    helper = make_attack("linear-probe", epochs=5, batch_size=32, lr=0.01).fit(train)
+    attack = make_attack("vocab-match", model=tiny, proposer="none", batch_sizes=[4]).fit(train)
+    attack.set_proposer(helper)
+    inv = attack.invert(test)
+    assert accuracy(inv, test) == 1.0
+
+
+def test_vocab_match_round_trip_and_errors(tiny, taps, tmp_path: Path) -> None:
+    train, test = split(taps[0]["head:1"])
+    attack = make_attack("vocab-match", model=tiny).fit(train)
+    path = attack.save(tmp_path / "vm")
+    again = load_attack(path, model=tiny)
+    assert np.array_equal(again.invert(test).topk, attack.invert(test).topk)
+    with pytest.raises(AttackError, match="needs head_weights"):
+        load_attack(path).invert(test)
+    with pytest.raises(AttackError, match="boundary mismatch"):
+        attack.invert(taps[0]["head:2"])
+    with pytest.raises(AttackError, match="needs head_weights"):
+        make_attack("vocab-match").fit(train)
+    with pytest.raises(AttackError, match="model mismatch"):
+        make_attack("vocab-match", model=tiny).fit(make_taps(boundary="head:1", d=64))
+
+
+def test_match_distance_ignores_massive_dimensions() -> None:
+    obs = torch.ones(64)
+    obs[0] = 1e4  # a massive activation
+    near = obs.clone()
+    near[0] *= 1 + 1e-3  # fp16-sized error on the huge entry
+    far = obs.clone()
+    far[1:] = -1.0  # every ordinary dimension differs
+    d = match_distance(torch.stack([obs, near, far]), obs)
+    assert d[0] == 0 and d[1] < 1e-3 and d[2] > 0.5
+
+
+def test_gradient_guided_candidates_find_the_token(tiny, taps) -> None:
+    """With the proposer's list cut to one candidate, only the SipIt-style gradient search can find the rest."""
+    train, test = split(taps[0]["head:2"])
+    test = test.select_sequences([0])
+    attack = make_attack("vocab-match", model=tiny, proposer="none", batch_sizes=[1], max_candidates=1,
+                         grad_steps=200).fit(train)
+    inv = attack.invert(test)
+    assert accuracy(inv, test) == 1.0 and inv.info["gradient_search_rate"] > 0.5

@@ -1,0 +1,83 @@
+"""`splitinfer attack train | eval | list` on the tiny model and a file: corpus with PII spans."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from splitinfer.cli import main
+
+NAMES = ["Ann Lee", "Bob Stone", "Cy Young", "Dee Park", "Eve Moss", "Flo Hart", "Gus Fry", "Hal Dunn"]
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPLITINFER_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> str:
+    docs = []
+    for i, name in enumerate(NAMES * 3):
+        text = f"Patient {name} (email {name.split()[0].lower()}@example.org) called about invoice {i * 7919}."
+        email = text.index("(email ") + len("(email ")
+        docs.append({"doc_id": f"d{i}", "text": text, "pii_spans": [
+            {"start": 8, "end": 8 + len(name), "type": "person"},
+            {"start": email, "end": text.index(")"), "type": "email"}]})
+    path = tmp_path / "pii.jsonl"
+    path.write_text("\n".join(json.dumps(d) for d in docs), encoding="utf-8")
+    return f"file:{path}"
+
+
+def last_json(capsys) -> dict:
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_list(capsys) -> None:
+    assert main(["attack", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "vocab-match" in out and "white-box" in out and "seq-decoder" in out
+    assert main(["attack", "list", "--json"]) == 0
+    assert {r["name"] for r in last_json(capsys)} >= {"linear-probe", "mlp", "depth-id"}
+
+
+def test_train_then_eval_json(tmp_path: Path, corpus: str, capsys) -> None:
+    out = tmp_path / "lp"
+    assert main(["attack", "train", "--attack", "linear-probe", "--model", "tiny-random", "--boundary", "head:2",
+                 "--corpus", corpus, "--max-tokens", "2000", "--epochs", "3", "--batch-size", "32",
+                 "--out", str(out), "--json"]) == 0
+    summary = last_json(capsys)
+    assert summary["boundary"] == "head:2" and summary["fit_report"]["epochs_run"] == 3
+    assert (out / "config.json").is_file() and (out / "attack.safetensors").is_file()
+    assert (out / "checkpoints" / "linear-probe-train.safetensors").is_file()
+    assert main(["attack", "eval", "--attacker", str(out), "--corpus", corpus, "--json"]) == 0
+    report = last_json(capsys)
+    for key in ("token_acc_top1", "token_acc_top5", "token_f1", "exact_match", "n_tokens", "ci95", "pii_recovery"):
+        assert key in report, key
+    assert set(report["pii_recovery"]) == {"person", "email"} and report["model"] == "tiny-random"
+    assert 0.0 <= report["token_acc_top1"] <= report["token_acc_top5"] <= 1.0
+    assert report["ci95"]["token_acc_top1"][0] <= report["token_acc_top1"] <= report["ci95"]["token_acc_top1"][1]
+    # resume: the same run again finds its finished checkpoint
+    assert main(["attack", "train", "--attack", "linear-probe", "--model", "tiny-random", "--boundary", "head:2",
+                 "--corpus", corpus, "--max-tokens", "2000", "--epochs", "3", "--batch-size", "32",
+                 "--out", str(out), "--json"]) == 0
+    assert last_json(capsys)["fit_report"]["train_seconds"] < 1.0
+
+
+def test_eval_errors(tmp_path: Path, corpus: str, capsys) -> None:
+    assert main(["attack", "eval", "--attacker", str(tmp_path / "nope"), "--corpus", corpus]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    out = tmp_path / "vm"
+    assert main(["attack", "train", "--attack", "vocab-match", "--model", "tiny-random", "--boundary", "head:1",
+                 "--corpus", corpus, "--max-tokens", "500", "--hparam", "random_tokens=256", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["attack", "eval", "--attacker", str(out), "--corpus", corpus, "--boundary", "head:2"]) == 2
+    assert "boundary mismatch" in capsys.readouterr().err
+    assert main(["attack", "train", "--attack", "mlp", "--model", "tiny-random", "--boundary", "head:9",
+                 "--corpus", corpus, "--out", str(tmp_path / "x")]) == 2
+    assert "outside the model" in capsys.readouterr().err
+    assert main(["attack", "train", "--attack", "mlp", "--model", "tiny-random", "--boundary", "head:1",
+                 "--corpus", corpus, "--hparam", "nonsense", "--out", str(tmp_path / "x")]) == 2
+    assert "KEY=VALUE" in capsys.readouterr().err

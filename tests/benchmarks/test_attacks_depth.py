@@ -1,0 +1,46 @@
+"""The per-depth inversion study end to end on the tiny model (every attacker, small sizes)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.attacks_depth import StudyConfig, run_study, write_outputs
+from benchmarks.schema import validate
+
+TINY = {"linear-probe": {"epochs": 2, "batch_size": 32}, "mlp": {"epochs": 1, "width": 32, "batch_size": 32},
+        "mlp-seed": {"seed_epochs": 2, "width": 32}, "seq-decoder": {"epochs": 1, "d_model": 32, "layers": 1,
+                                                                    "d_ff": 32},
+        "output-probe": {"epochs": 2, "batch_size": 32}, "depth-id": {"epochs": 1},
+        "vocab-match": {"random_tokens": 256}}
+
+
+def test_study_on_tiny_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPLITINFER_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "docs.jsonl"
+    docs = [{"doc_id": f"d{i}", "text": f"Dear {n}, your code {i * 7919} is ready. Call 555-01{i:02d}.",
+             "pii_spans": [{"start": 5, "end": 5 + len(n), "type": "person"}]}
+            for i, n in enumerate(["Ann Lee", "Bob Stone", "Cy Young", "Dee Park", "Eve Moss"] * 8)]
+    path.write_text("\n".join(json.dumps(d) for d in docs), encoding="utf-8")
+    cfg = StudyConfig(model="tiny-random", head_depths=(1, 2), tail_layers=(2,), corpora=(f"file:{path}",),
+                      train_tokens=1500, val_tokens=200, test_tokens=300, max_length=32, vocab_match_tokens=40,
+                      hparams=TINY, n_boot=50)
+    study = run_study(cfg, progress=False)
+    names = {(r["attack"], r["boundary"]) for r in study["rows"]}
+    for a in ("linear-probe", "linear-embed", "mlp", "mlp-seed", "seq-decoder", "vocab-match"):
+        assert {(a, "head:1"), (a, "head:2")} <= names
+    assert {("output-probe:next", "tail:2"), ("output-probe:current", "tail:2"), ("output-probe:both", "tail:2")} <= names
+    vm = [r for r in study["rows"] if r["attack"] == "vocab-match"]
+    assert all(r["metrics"]["token_acc_top1"]["value"] == 1.0 and r["seconds_per_token"] > 0 for r in vm)
+    assert all("pii_recovery_person" in r["metrics"] for r in study["rows"])
+    assert len(study["depth_id"]) == 6
+    path_json, path_md = write_outputs(study, tmp_path / "out")
+    results = json.loads(path_json.read_text())
+    validate(results)
+    assert "attacks/vocab-match/head:1" in results["results"]
+    md = path_md.read_text()
+    for heading in ("## Targets", "Token accuracy @1", "seed's MLP protocol", "vocab-match (white-box)", "PII spans",
+                    "depth-id", "Output side"):
+        assert heading in md, heading

@@ -1,0 +1,45 @@
+import pytest
+
+from splitinfer.decoding.base import Draft, Proposer, list_proposers, make_proposer, proposer_options, register_proposer
+from splitinfer.errors import SplitInferError
+
+ALL = ["combined", "jacobi", "lookahead", "ngram-pool", "prompt-lookup", "sequential", "suffix"]
+
+
+def test_draft_validation_and_chain():
+    assert Draft.chain([5, 6, 7]).parents == (-1, 0, 1)
+    assert len(Draft()) == 0
+    with pytest.raises(SplitInferError, match="parents"):
+        Draft((1, 2), (-1,))
+    with pytest.raises(SplitInferError, match="entry 1"):
+        Draft((1, 2), (-1, 1))
+
+
+def test_registry_lists_and_builds_every_proposer():
+    assert list_proposers() == ALL
+    for name in ALL:
+        p = make_proposer(name)
+        assert isinstance(p, Proposer) and p.name == name
+
+
+def test_bad_names_and_options_are_named():
+    with pytest.raises(SplitInferError, match="unknown decoding 'nope'.*sequential"):
+        make_proposer("nope")
+    with pytest.raises(SplitInferError, match="does not take option.*window.*ngram="):
+        make_proposer("ngram-pool", window=3)
+    with pytest.raises(SplitInferError, match="ngram must be an integer >= 2"):
+        make_proposer("ngram-pool", ngram=1)
+    assert make_proposer("ngram-pool", ngram=None).n == 5  # unset CLI flags fall back to defaults
+    assert proposer_options("lookahead")["window"] == 5
+
+
+def test_register_rejects_duplicates_and_non_proposers():
+    with pytest.raises(SplitInferError, match="already registered"):
+
+        @register_proposer("sequential")
+        class Other(Proposer):
+            def propose(self, context):
+                return Draft()
+
+    with pytest.raises(SplitInferError, match="Proposer subclass"):
+        register_proposer("x")(int)

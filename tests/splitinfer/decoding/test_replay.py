@@ -1,0 +1,39 @@
+import pytest
+
+from splitinfer.client import SplitModel
+from splitinfer.decoding.base import DecodingEnv, make_proposer
+from splitinfer.decoding.replay import replay, tau
+from splitinfer.errors import SplitInferError
+
+PROMPT = "the cat sat on the mat. the cat sat on the mat. the cat"
+CASES = [
+    ("ngram-pool", {"ngram": 3}),
+    ("prompt-lookup", {}),
+    ("suffix", {}),
+    ("combined", {"step_ms": 50.0, "token_ms": 1.0}),
+]
+
+
+@pytest.mark.parametrize("name,options", CASES)
+def test_replay_takes_the_same_steps_as_the_real_verifier(tiny, name, options):
+    sm = SplitModel(tiny, "2,2", wire_dtype="fp32")
+    ids = sm.encode_prompt(PROMPT)
+    res = sm.generate(ids, 48, stop_on_eos=False, decoding=make_proposer(name, **options))
+    steps = replay(make_proposer(name, **options), ids, res.token_ids, 48, DecodingEnv(vocab_size=259))
+    assert [s.tokens_committed for s in steps] == [s.tokens_committed for s in res.steps]
+    assert [s.tokens_sent for s in steps] == [s.tokens_sent for s in res.steps]
+    assert tau(steps) == pytest.approx(res.tokens_per_step)
+
+
+def test_replay_refuses_proposers_that_need_model_outputs():
+    with pytest.raises(SplitInferError, match="cannot be replayed"):
+        replay(make_proposer("jacobi"), [1, 2], [3], 4, DecodingEnv(vocab_size=10))
+
+
+def test_replay_on_a_repetitive_output_accepts_whole_chains():
+    prompt = [1, 2, 3, 4, 5, 6]
+    output = [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6]
+    steps = replay(make_proposer("prompt-lookup", draft_budget=10), prompt, output, 12, DecodingEnv(vocab_size=10))
+    # prefill emits 1; "1" matches the prompt's start: 2..6 1 drafted (all the context has), all right,
+    # + bonus 2; then "1 2" matches: 3 4 5 drafted + bonus 6
+    assert [s.tokens_committed for s in steps] == [1, 7, 4]
