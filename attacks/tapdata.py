@@ -138,6 +138,16 @@ class Taps:
                     self.doc_index()[rows], self.documents, None if self.offsets is None else self.offsets[rows],
                     dict(self.meta))
 
+    def truncate(self, max_len: int) -> Taps:
+        """A copy keeping the first ``max_len`` tokens of every sequence (valid prefixes: positions start at 0)."""
+        if max_len < 1:
+            raise AttackError(f"max_len={max_len} must be >= 1")
+        starts = self.seq_starts()
+        lens = np.minimum(self.seq_lengths, max_len)
+        rows = np.concatenate([np.arange(starts[i], starts[i] + lens[i]) for i in range(len(self))])
+        return Taps(np.asarray(self.hidden[rows]), self.token_ids[rows], lens, self.seq_doc, self.documents,
+                    None if self.offsets is None else self.offsets[rows], dict(self.meta))
+
     def head_tokens(self, max_tokens: int) -> Taps:
         """The first whole sequences holding at most ``max_tokens`` tokens (at least one sequence)."""
         keep = int(np.searchsorted(np.cumsum(self.seq_lengths), max_tokens, side="right"))

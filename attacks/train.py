@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 def parse_hparams(items: list[str] | None) -> dict[str, Any]:
-    """``["epochs=3", "protocol=seed"]`` -> ``{"epochs": 3, "protocol": "seed"}`` (values parsed as JSON when they can be)."""
+    """``["epochs=3", "protocol=seed"]`` -> ``{"epochs": 3, "protocol": "seed"}`` (JSON values where they parse)."""
     out: dict[str, Any] = {}
     for item in items or []:
         key, sep, value = item.partition("=")
@@ -180,7 +180,8 @@ def add_parsers(asub, positive) -> None:
     t.add_argument("--corpus", required=True, help="comma-separated corpora: prose,code,chat,pii, file:PATH, hf:...")
     t.add_argument("--split", default=None, choices=["train", "val", "test", "all"],
                    help="training split (default: train for built-in corpora, all for file:/hf:)")
-    t.add_argument("--max-tokens", type=positive, default=200_000, help="training tokens in total (default %(default)s)")
+    t.add_argument("--max-tokens", type=positive, default=200_000,
+                   help="training tokens in total (default %(default)s)")
     t.add_argument("--val-tokens", type=int, default=20_000, help="validation tokens from the val split of "
                    "built-in corpora, for early stopping / model selection; 0 disables (default %(default)s)")
     t.add_argument("--max-length", type=positive, default=256, help="tokens per sequence (default %(default)s)")

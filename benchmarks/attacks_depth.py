@@ -8,8 +8,10 @@ attacker is fitted on the pooled training taps of a boundary and scored on the
 pooled held-out test documents (95% bootstrap CIs over documents), with PII
 recovery per type. The seed's MLP protocol (about 880 pairs, random token-level
 split) runs beside the proper one. ``vocab-match`` is scored on the first
-whole test sequences of each corpus (``vocab_match_tokens`` per corpus) and
-reports seconds per token. ``depth-id`` is trained on the training taps of all
+tokens of the first four test sequences of each corpus (``vocab_match_tokens``
+per corpus; prefixes are valid inputs since sequences start at position 0),
+with longer prefixes (``vocab_match_pii_tokens``) for two sequences of PII
+corpora so that PII recovery is scored, and reports seconds per token. ``depth-id`` is trained on the training taps of all
 depths and scored per depth. The sizes are CPU defaults (the whole study in
 about 20 minutes on two shared cores); :class:`StudyConfig` makes them
 configurable (``splitinfer bench attacks --help``) for machines with GPUs.
@@ -50,10 +52,11 @@ class StudyConfig:
     test_tokens: int = 1000  # per corpus
     max_length: int = 128
     max_doc_tokens: int = 128  # tokens kept per document, so small budgets still span many documents
-    vocab_match_tokens: int = 40  # per corpus, whole sequences from the start of its test taps
+    vocab_match_tokens: int = 40  # per corpus: the first tokens of its first 4 test sequences
+    vocab_match_pii_tokens: int = 96  # PII corpora: their first 2 test sequences are cut here instead
     attacks: tuple[str, ...] = HEAD_ATTACKS + TAIL_ATTACKS + ("depth-id",)
     hparams: dict[str, dict[str, Any]] = field(default_factory=lambda: {
-        "linear-probe": {"epochs": 6}, "mlp": {"epochs": 3}, "mlp-seed": {"seed_epochs": 40},
+        "linear-probe": {"epochs": 6}, "mlp": {"epochs": 2}, "mlp-seed": {"seed_epochs": 30},
         "seq-decoder": {"epochs": 8}, "output-probe": {"epochs": 6}, "depth-id": {"epochs": 3},
         "vocab-match": {"random_tokens": 4096}})
     seed: int = 0
@@ -75,20 +78,23 @@ def _pool(loaded: Any, cfg: StudyConfig, boundaries: list[str], split: str, per_
     return {b: Taps.concat(v) for b, v in parts.items()}, rows
 
 
-def _vm_subset(test: Taps, rows: dict[str, tuple[int, int]], per_corpus: int) -> Taps:
-    """Whole sequences from the start of each corpus's test taps, about ``per_corpus`` tokens each."""
+def _vm_subset(test: Taps, rows: dict[str, tuple[int, int]], per_corpus: int, pii_tokens: int,
+               n_seqs: int = 4) -> Taps:
+    """vocab-match's test subset: the first ``n_seqs`` sequences of each corpus cut to ``per_corpus / n_seqs``
+    tokens, plus, for corpora with PII spans, their first two sequences cut to ``pii_tokens`` (so that spans
+    are covered and PII recovery can be scored). Prefixes are valid inputs: sequences start at position 0."""
     starts = test.seq_starts()
-    keep = []
+    short, long = [], []
     for lo, hi in rows.values():
-        total = 0
-        for s in range(int(np.searchsorted(starts, lo)), len(test)):
-            if starts[s] >= hi or (total >= per_corpus and keep):
-                break
-            keep.append(s)
-            total += int(test.seq_lengths[s])
-            if total >= per_corpus:
-                break
-    return test.select_sequences(keep)
+        first = int(np.searchsorted(starts, lo))
+        seqs = [s for s in range(first, min(first + n_seqs, len(test))) if starts[s] < hi]
+        has_pii = any(test.documents[int(test.seq_doc[s])].get("pii_spans") for s in seqs)
+        long += seqs[:2] if has_pii and pii_tokens > 0 else []
+        short += seqs[2:] if has_pii and pii_tokens > 0 else seqs
+    parts = [test.select_sequences(short).truncate(max(1, per_corpus // n_seqs))]
+    if long:
+        parts.append(test.select_sequences(long).truncate(pii_tokens))
+    return Taps.concat(parts)
 
 
 def _entry(name: str, cls: Any, boundary: str, depth: int, m: dict, fit_s: float, inv_s: float, n: int,
@@ -134,7 +140,8 @@ def run_study(cfg: StudyConfig, progress: bool = True) -> dict[str, Any]:
         fit_s = time.perf_counter() - t
         prior = train[b].token_ids
         targets = ("both", "next", "current") if name == "output-probe" else (None,)
-        data = _vm_subset(test[b], test_rows, cfg.vocab_match_tokens) if name == "vocab-match" else test[b]
+        data = (_vm_subset(test[b], test_rows, cfg.vocab_match_tokens, cfg.vocab_match_pii_tokens)
+                if name == "vocab-match" else test[b])
         for target in targets:
             t = time.perf_counter()
             inv = atk.invert(data, target=target) if target else atk.invert(data)
@@ -170,7 +177,8 @@ def run_study(cfg: StudyConfig, progress: bool = True) -> dict[str, Any]:
                        "test_documents": len(set(test[heads[0]].seq_doc.tolist())),
                        "threads": torch.get_num_threads()},
             "rows": rows, "depth_id": depth_rows,
-            "timing": {"extract_seconds": round(extract_s, 1), "total_seconds": round(time.perf_counter() - t_start, 1)}}
+            "timing": {"extract_seconds": round(extract_s, 1),
+                       "total_seconds": round(time.perf_counter() - t_start, 1)}}
 
 
 def to_results(study: dict[str, Any]) -> dict[str, Any]:

@@ -81,9 +81,11 @@ def markdown(study: dict[str, Any]) -> str:
          f"Sizes: {cfg['train_tokens']} train / {cfg['val_tokens']} val / {cfg['test_tokens']} test tokens per corpus "
          f"({', '.join(cfg['corpora'])}; {cfg['train_tokens_total']} / {cfg['val_tokens_total']} / "
          f"{cfg['test_tokens_total']} pooled, {cfg['test_documents']} test documents), at most {cfg['max_doc_tokens']} "
-         f"tokens per document, sequences of <= {cfg['max_length']}; vocab-match on about {cfg['vocab_match_tokens']} "
-         f"test tokens per corpus. Hyper-parameter overrides: {cfg['hparams']}. Seed {cfg['seed']}, "
-         f"{cfg['threads']} torch thread(s), device {cfg['device']}. Extraction {study['timing']['extract_seconds']} s, "
+         f"tokens per document, sequences of <= {cfg['max_length']}; vocab-match on the first "
+         f"{cfg['vocab_match_tokens'] // 4} tokens of 4 test sequences per corpus (PII corpora: 2 of them cut at "
+         f"{cfg.get('vocab_match_pii_tokens')} tokens instead, to cover PII spans). Hyper-parameter overrides: {cfg['hparams']}. Seed {cfg['seed']}, "
+         f"{cfg['threads']} torch thread(s), device {cfg['device']}. "
+         f"Extraction {study['timing']['extract_seconds']} s, "
          f"whole study {study['timing']['total_seconds']} s. Teacher-forced fp16 states of held-out documents "
          "(document-level splits); values are % of tokens with 95% bootstrap CIs over documents.", "",
          "Threat models: white-box = holds the local layers' published weights; shadow = trains on its own "
@@ -106,7 +108,8 @@ def markdown(study: dict[str, Any]) -> str:
     if seed_rows:
         lines = [[b, f"{100 * seed_rows[b]['info'].get('seed_split_top1', float('nan')):.1f}",
                   _cell(seed_rows[b]["metrics"]["token_acc_top1"]),
-                  _cell(proper[b]["metrics"]["token_acc_top1"]) if b in proper else "-"] for b in heads if b in seed_rows]
+                  _cell(proper[b]["metrics"]["token_acc_top1"]) if b in proper else "-"]
+                 for b in heads if b in seed_rows]
         s += ["## The seed's MLP protocol beside the proper one", "",
               "Seed protocol: about 880 pairs, random token-level split (its own test split shares documents and "
               "token types with training); proper: all training tokens, held-out documents. The seed paper reported "

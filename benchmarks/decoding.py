@@ -68,6 +68,26 @@ def _run_record(res, ref, cat: str) -> dict:
     }
 
 
+@torch.no_grad()
+def noise_floor(model, prompt_ids: list[int], output: list[int], ref_logits: list[torch.Tensor], chunk: int = 16) -> float:
+    """Max |logit difference| of the *unsplit* model fed ``output`` in ``chunk``-token forwards vs sequential.
+
+    The float32 rounding floor for any multi-token verification: the same
+    model, the same tokens, only the batching differs (transformers' own
+    forward with its KV cache, no split, no tree).
+    """
+    from transformers import DynamicCache
+
+    cache, seq, rows = DynamicCache(), list(prompt_ids) + list(output), []
+    dev = next(model.parameters()).device
+    rows.append(model(torch.tensor([prompt_ids], device=dev), past_key_values=cache, use_cache=True).logits[0, -1:])
+    for i in range(len(prompt_ids), len(seq) - 1, chunk):
+        ids = torch.tensor([seq[i : min(i + chunk, len(seq) - 1)]], device=dev)
+        rows.append(model(ids, past_key_values=cache, use_cache=True).logits[0])  # (n, V)
+    got = torch.cat(rows)[: len(output)].float().cpu()
+    return (got - torch.stack(ref_logits[: len(output)]).cpu()).abs().max().item()
+
+
 def _steps(records: list[dict], decode_only: bool = True) -> list[StepTiming]:
     out = []
     for r in records:
@@ -99,6 +119,8 @@ class DecodingBench:
         for ids, (cat, _) in tqdm(list(zip(self.ids, self.items)), desc="sequential", leave=False):
             self.refs.append(self.sm.generate(ids, self.max_new, record_logits=True))
         self.runs["sequential"] = [_run_record(r, r, cat) for r, (cat, _) in zip(self.refs, self.items)]
+        model = self.sm.loaded.model
+        self.floor = [noise_floor(model, ids, r.token_ids, r.logits) for ids, r in zip(self.ids, self.refs)]
 
     def measure(self, label: str, name: str, options: dict | None = None, subset: list[int] | None = None) -> None:
         """Real runs of one proposer (one instance across the prompts, in order)."""
@@ -166,6 +188,7 @@ def run_decoding_bench(
         "step_model": model.to_dict(),
         "cross_validation": cross_validate(all_steps, 0.0, None, skip_prefill=False),
         "replay_checks": {},
+        "noise_floor": {"chunk": 16, "per_prompt": bench.floor, "max": max(bench.floor)},
     }
     if ablation:
         _ablation(bench, model, ablation_prompts, results)

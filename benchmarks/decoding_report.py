@@ -114,6 +114,10 @@ def format_report(results: dict) -> str:
     parts = ["== Exactness (real runs vs sequential, fp32 wire) =="]
     parts.append(_fmt_table(["decoding", "identical", "max |dlogit|"], [
         [k, f"{r['identical']}/{r['n']}", f"{r['max_logit_diff']:.2e}"] for k, r in table.items() if not r["replayed"]]))
+    if "noise_floor" in results:
+        nf = results["noise_floor"]
+        parts.append(f"float32 floor: the unsplit model fed the same tokens in {nf['chunk']}-token forwards differs "
+                     f"from sequential by up to {nf['max']:.2e} (max over prompts)")
     parts.append("\n== tau: tokens per round trip (R = replayed against the sequential output) ==")
     parts.append(_fmt_table(["decoding", *cats, "mean", "accept", "sent/step", "bytes/step"], [
         [k + (" R" if r["replayed"] else ""), *[r["tau"].get(c, float("nan")) for c in cats], r["tau"]["mean"],

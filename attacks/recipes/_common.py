@@ -8,10 +8,12 @@
   +-``clip`` standard deviations;
 - trains a softmax over the *restricted vocabulary*: the tokens that occur as
   targets in the training set. Deviation from a full-vocabulary softmax, for
-  CPU speed: a token never seen in training gets no output row and is never
-  guessed (a pair-trained softmax cannot learn it anyway; the embedding-space
-  attacks ``linear-embed`` and ``vocab-match`` cover the full vocabulary). The
-  returned guesses are token ids of the full vocabulary;
+  CPU speed: a token never seen in training gets no output row. With
+  ``backoff`` (``auto``: on when a model is given and there is one head),
+  tokens seen fewer than ``min_count`` times train an ``<unk>`` class whose
+  mass -- mixed with an embedding-space route -- goes to the rest of the full
+  vocabulary (:mod:`attacks.recipes._backoff`); without it, unseen tokens are
+  never guessed. The returned guesses are token ids of the full vocabulary;
 - trains with :func:`attacks.trainer.fit_module` (AdamW, early stopping on
   validation top-1, checkpoints, resume, DDP), token rows or whole sequences
   (``sequence_level``) as items;
@@ -64,12 +66,22 @@ class TokenClassifier(InversionAttack):
     sequence_level: ClassVar[bool] = False
     n_heads: ClassVar[int] = 1
     defaults: ClassVar[dict[str, Any]] = {"epochs": 10, "lr": 2e-3, "batch_size": 256, "weight_decay": 0.0,
-                                          "clip": 10.0, "device": "auto"}
+                                          "clip": 10.0, "device": "auto", "backoff": "auto", "min_count": 2}
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
         self.module: nn.Module | None = None
         self.mu = self.sd = self.vocab = None
+        self.backoff = None  # a fitted linear-embed for the <unk> class (see attacks.recipes._backoff)
+        self.tau, self.lam = 0.2, 1.0
+        if self.hparams["backoff"] not in ("auto", "embed", "none"):
+            raise AttackError(f"backoff={self.hparams['backoff']!r}; choose auto (embed when a model is given), "
+                              "embed or none")
+
+    @property
+    def unk(self) -> bool:
+        """Whether the last class is <unk> (the embedding backoff is on)."""
+        return self.backoff is not None
 
     # ------------------------------------------------------------ to implement
     @abstractmethod
@@ -84,9 +96,12 @@ class TokenClassifier(InversionAttack):
         """(N, n_heads, V_r) log-probs -> (N, V_r) scores of each position's own token. Default: head 0."""
         return logp[:, 0]
 
+    def _warm_start(self, module: nn.Module, x: torch.Tensor, y: torch.Tensor, trainer: Any) -> None:
+        """Hook run after the module is built, before training (x: (N, d) inputs, y: (N, H) restricted targets)."""
+
     # ------------------------------------------------------------ training
     def _device(self) -> torch.device:
-        """Training / scoring device: the accelerator's under ``accelerate launch``, else ``device`` ('auto': CUDA if any)."""
+        """Training / scoring device: the accelerator's under ``accelerate launch``, else ``device`` (auto: CUDA?)."""
         from attacks.trainer import get_accelerator
 
         acc = get_accelerator()
@@ -119,13 +134,24 @@ class TokenClassifier(InversionAttack):
         hp = self.hparams
         self.mu, self.sd = fit_standardizer(train.hidden, seed=self.seed)
         y_full = self._targets(train)  # (N, H)
-        self.vocab = np.unique(y_full[y_full != IGNORE])  # (V_r,)
-        if self.vocab.size == 0:
+        ids, counts = np.unique(y_full[y_full != IGNORE], return_counts=True)
+        if ids.size == 0:
             raise AttackError(f"attack {self.name!r}: the training taps hold no targets; give more tokens")
-        y = torch.from_numpy(self._map(y_full))  # (N, H) restricted ids / IGNORE
+        mode = hp["backoff"]
+        if mode == "embed" or (mode == "auto" and self.model is not None and self.n_heads == 1):
+            from attacks.recipes import _backoff
+
+            if self.n_heads != 1:
+                raise AttackError(f"attack {self.name!r} has {self.n_heads} output heads; the embedding backoff "
+                                  "supports one; use backoff=none")
+            self.backoff = _backoff.fit_backoff(self._need_embedding(), train, val, self.seed)
+            ids = ids[counts >= int(hp["min_count"])] if (counts >= int(hp["min_count"])).any() else ids
+        self.vocab = ids  # (V_r,) known tokens; with the backoff, class V_r is <unk>
+        y = torch.from_numpy(self._map(y_full))  # (N, H) restricted ids / <unk> / IGNORE
         x = self._prepare(train)  # (N, d)
-        self.module = self._build(train.hidden_size, len(self.vocab)).to(self._device())
+        self.module = self._build(train.hidden_size, len(self.vocab) + int(self.unk)).to(self._device())
         ce = nn.CrossEntropyLoss(ignore_index=IGNORE)
+        self._warm_start(self.module, x, y, trainer)
         if self.sequence_level:
             starts = train.seq_starts()
 
@@ -160,11 +186,24 @@ class TokenClassifier(InversionAttack):
         report = fit_module(self.module, n_items, loss_fn, epochs=hp["epochs"], lr=hp["lr"],
                             batch_size=hp["batch_size"], weight_decay=hp["weight_decay"], seed=self.seed,
                             val_fn=val_fn, cfg=trainer, tag=self.name)
-        self.fit_report.update(report, restricted_vocab=int(len(self.vocab)))
+        self.fit_report.update(report, restricted_vocab=int(len(self.vocab)), backoff="embed" if self.unk else "none")
+        if self.unk and val is not None:
+            from attacks.recipes import _backoff
+
+            self.tau, self.lam, grid = _backoff.choose(self.backoff, val, self._combine(self._logp(val), val),
+                                                       self.vocab)
+            self.fit_report.update(backoff_tau=self.tau, backoff_lam=self.lam, backoff_val_top1=grid)
+
+    def _need_embedding(self) -> Any:
+        if self.model is None:
+            raise AttackError(f"attack {self.name!r} with backoff=embed needs the model's embedding matrix; pass "
+                              "model=load_model(<spec>) or use backoff=none")
+        return self.model
 
     def _map(self, ids: np.ndarray) -> np.ndarray:
-        """Full-vocabulary ids -> restricted ids (IGNORE where absent)."""
-        lut = np.full(max(int(ids.max(initial=0)), int(self.vocab.max())) + 1, IGNORE, dtype=np.int64)
+        """Full-vocabulary ids -> restricted ids (<unk> or IGNORE where absent)."""
+        absent = len(self.vocab) if self.unk else IGNORE
+        lut = np.full(max(int(ids.max(initial=0)), int(self.vocab.max())) + 1, absent, dtype=np.int64)
         lut[self.vocab] = np.arange(len(self.vocab))
         out = np.full(ids.shape, IGNORE, dtype=np.int64)
         ok = ids >= 0
@@ -178,7 +217,7 @@ class TokenClassifier(InversionAttack):
         module = module or self.module
         module.eval()
         x = self._prepare(taps)
-        out = torch.empty((taps.n_tokens, self.n_heads, len(self.vocab)))
+        out = torch.empty((taps.n_tokens, self.n_heads, len(self.vocab) + int(self.unk)))
         if self.sequence_level:
             starts = taps.seq_starts()
             order = np.arange(len(taps))
@@ -194,7 +233,13 @@ class TokenClassifier(InversionAttack):
         return out
 
     def _invert(self, taps: Taps, k: int) -> Inversion:
-        scores = self._combine(self._logp(taps), taps)  # (N, V_r)
+        scores = self._combine(self._logp(taps), taps)  # (N, V_r [+ 1])
+        if self.unk:
+            from attacks.recipes._backoff import combine_topk
+
+            y = self.backoff.predict_embedding(taps)  # (N, d_e)
+            ids, vals = combine_topk(self.backoff, y, scores, self.vocab, self.tau, k, self.lam)
+            return Inversion(ids[:, 0], ids, vals)
         kk = min(k, scores.shape[1])
         val, idx = scores.topk(kk, dim=-1)  # (N, kk)
         topk = self.vocab[idx.numpy()]
@@ -208,13 +253,25 @@ class TokenClassifier(InversionAttack):
         tensors = {f"module.{k}": v.cpu() for k, v in self.module.state_dict().items()}
         tensors.update({"std.mu": torch.from_numpy(self.mu), "std.sd": torch.from_numpy(self.sd),
                         "vocab": torch.from_numpy(self.vocab.astype(np.int64))})
-        return tensors, {"d_in": int(len(self.mu)), "n_classes": int(len(self.vocab))}
+        state = {"d_in": int(len(self.mu)), "n_classes": int(len(self.vocab)), "unk": self.unk, "tau": self.tau,
+                 "lam": self.lam}
+        if self.unk:
+            from attacks.recipes import _backoff
+
+            extra, state["backoff"] = _backoff.state(self.backoff)
+            tensors.update(extra)
+        return tensors, state
 
     def _load_state(self, tensors: dict[str, Any], state: dict[str, Any]) -> None:
         self.mu, self.sd = tensors["std.mu"].numpy(), tensors["std.sd"].numpy()
         self.vocab = tensors["vocab"].numpy().astype(np.int64)
         if len(self.vocab) != state["n_classes"] or len(self.mu) != state["d_in"]:
             raise ValueError("vocabulary or input size disagrees with the config")
-        self.module = self._build(int(state["d_in"]), int(state["n_classes"]))
+        if state.get("unk"):
+            from attacks.recipes import _backoff
+
+            self.backoff = _backoff.load(self.model, tensors, state["backoff"], self.name)
+            self.tau, self.lam = float(state["tau"]), float(state.get("lam", 1.0))
+        self.module = self._build(int(state["d_in"]), int(state["n_classes"]) + int(self.unk))
         self.module.load_state_dict({k[7:]: v for k, v in tensors.items() if k.startswith("module.")}, strict=True)
         self.module.to(self._device()).eval()

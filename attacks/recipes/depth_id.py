@@ -52,8 +52,8 @@ def token_stats(hidden: np.ndarray, positions: np.ndarray, dims: np.ndarray) -> 
         z = (x - mean[:, None]) / std[:, None]
         rms = np.sqrt((x ** 2).mean(1)) + 1e-12
         mx = np.abs(x).max(1)
-        feats = [np.log(np.linalg.norm(x, axis=1) + 1e-12), mean, np.log(std), (z ** 3).mean(1), np.log((z ** 4).mean(1)),
-                 np.log(mx + 1e-12), mx / rms, (np.abs(x) > 3 * rms[:, None]).mean(1),
+        feats = [np.log(np.linalg.norm(x, axis=1) + 1e-12), mean, np.log(std), (z ** 3).mean(1),
+                 np.log((z ** 4).mean(1)), np.log(mx + 1e-12), mx / rms, (np.abs(x) > 3 * rms[:, None]).mean(1),
                  np.log1p(positions[a: a + 16384].astype(np.float64))]
         out.append(np.column_stack(feats + [x[:, dims]]))
     return np.concatenate(out)
@@ -170,7 +170,8 @@ class DepthId(InversionAttack):
     # ------------------------------------------------------------ persistence
     def _state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         tensors = {f"net.{k}": v for k, v in self.net.state_dict().items()}
-        tensors.update({f"lr.{k}": torch.from_numpy(np.asarray(v, dtype=np.float64)) for k, v in self.lr_params.items()})
+        tensors.update({f"lr.{k}": torch.from_numpy(np.asarray(v, dtype=np.float64))
+                        for k, v in self.lr_params.items()})
         tensors.update({"depths": torch.from_numpy(self.depths), "dims": torch.from_numpy(self.dims.astype(np.int64)),
                         "std.mu": torch.from_numpy(self.mu), "std.sd": torch.from_numpy(self.sd)})
         return tensors, {"d_in": int(len(self.mu)), "n_classes": int(len(self.depths))}

@@ -62,6 +62,8 @@ class MLPProbe(TokenClassifier):
         if self.hparams["protocol"] not in ("proper", "seed"):
             raise AttackError(f"mlp protocol={self.hparams['protocol']!r}; choose 'proper' (held-out documents, "
                               "all training tokens) or 'seed' (about 880 pairs, random token-level split)")
+        if self.hparams["protocol"] == "seed" and self.hparams["backoff"] == "auto":
+            self.hparams["backoff"] = "none"  # the seed's decoder has no open-vocabulary backoff
 
     def _build(self, d_in: int, n_classes: int) -> nn.Module:
         return seed_mlp(d_in, n_classes, int(self.hparams["width"]), float(self.hparams["dropout"]))

@@ -15,7 +15,8 @@ guesses token t) in one of three modes (``target``):
 - ``current``: token t from the state at t (what the state still holds of its input);
 - ``next``: token t from the state at t-1 (the natural target: during
   generation the cloud sees the state at t-1 before the user sees token t);
-- ``both`` (default): log p_next(token t | state t-1) + log p_cur(token t | state t).
+- ``both`` (default): w * log p_next(token t | state t-1) + log p_cur(token t | state t),
+  with w chosen on validation data from (1, 0.5, 0.25, 0) (1 without validation data).
 
 The first position of each sequence has no previous state; ``next`` and
 ``both`` fall back to the current head there (counted in ``info``).
@@ -38,6 +39,7 @@ from attacks.registry import register_attack
 from attacks.tapdata import Taps
 
 TARGETS = ("both", "next", "current")
+NEXT_WEIGHTS = (1.0, 0.5, 0.25, 0.0)
 
 
 @register_attack("output-probe")
@@ -81,9 +83,29 @@ class OutputProbe(TokenClassifier):
         nxt = torch.empty_like(cur)
         nxt[1:] = logp[:-1, 1]  # token t from state t-1
         nxt[first] = 0.0
-        out = nxt if target == "next" else nxt + cur
+        out = nxt if target == "next" else self.next_weight * nxt + cur
         out[first] = cur[first]
         return out
+
+    def _fit(self, train: Taps, val: Taps | None, trainer: Any) -> None:
+        super()._fit(train, val, trainer)
+        if val is None:
+            return
+        logp, grid = self._logp(val), {}  # choose the weight of the next-token evidence in 'both' on val
+        for w in NEXT_WEIGHTS:
+            self.next_weight, self._mode = w, "both"
+            pred = self.vocab[self._combine(logp, val).argmax(1).numpy()]
+            grid[w] = float((pred == val.token_ids).mean())
+        self.next_weight = max(NEXT_WEIGHTS, key=lambda w: (grid[w], -NEXT_WEIGHTS.index(w)))
+        self.fit_report.update(next_weight=self.next_weight, next_weight_val_top1={str(k): v for k, v in grid.items()})
+
+    def _state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        tensors, state = super()._state()
+        return tensors, {**state, "next_weight": self.next_weight}
+
+    def _load_state(self, tensors: dict[str, Any], state: dict[str, Any]) -> None:
+        super()._load_state(tensors, state)
+        self.next_weight = float(state.get("next_weight", 1.0))
 
     def invert(self, taps: Any, k: int = 5, target: str | None = None) -> Inversion:
         """As :meth:`InversionAttack.invert`, with ``target`` overriding the hyper-parameter for this call."""
@@ -94,3 +116,4 @@ class OutputProbe(TokenClassifier):
 
     _mode = "both"
     _fallbacks = 0
+    next_weight = 1.0

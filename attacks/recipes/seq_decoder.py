@@ -1,4 +1,4 @@
-"""A small bidirectional transformer that reads the whole activation sequence and predicts every token (``seq-decoder``).
+"""A small bidirectional transformer reading the whole activation sequence, predicting every token (``seq-decoder``).
 
 Learned sequence-level inversion in the spirit of the inversion models of
 Morris et al. (2023, "Language model inversion") and of the
@@ -12,8 +12,9 @@ Architecture: standardised hidden states (B, T, d) -> Linear(d, d_model) +
 learned position embedding -> ``layers`` pre-norm TransformerEncoder layers
 (bidirectional self-attention, GELU, key padding mask) -> LayerNorm ->
 Linear(d_model, |V_train|), plus (``skip``) a linear map from each position's
-own state to the logits, so the decoder starts from what a per-token probe
-sees and the transformer adds context. Trained on whole sequences with cross-entropy at
+own state to the logits, fitted first as a linear probe (``probe_epochs``)
+while the transformer's output layer starts at zero: the decoder starts as the
+per-token probe and training adds a context correction. Trained on whole sequences with cross-entropy at
 every position. Deviation: non-autoregressive (one parallel prediction per
 position, no beam search), softmax restricted to the training vocabulary (see
 :mod:`attacks.recipes._common`). Trainable under ``accelerate launch
@@ -24,10 +25,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
-from attacks.recipes._common import TokenClassifier
+from attacks.recipes._common import IGNORE, TokenClassifier
 from attacks.registry import register_attack
 
 
@@ -45,6 +47,9 @@ class SeqDecoderNet(nn.Module):
         self.enc = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(d_model)
         self.out = nn.Linear(d_model, n_classes)
+        if skip:  # start as the per-token probe; the transformer learns a context correction
+            nn.init.zeros_(self.out.weight)
+            nn.init.zeros_(self.out.bias)
         self.max_len = max_len
 
     def forward(self, x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
@@ -64,13 +69,38 @@ class SeqDecoder(TokenClassifier):
     requires = frozenset({"pairs"})
     boundary_side = "head"
     sequence_level = True
-    defaults = {**TokenClassifier.defaults, "epochs": 12, "lr": 1e-3, "batch_size": 8, "weight_decay": 1e-4,
-                "d_model": 256, "layers": 2, "heads": 4, "d_ff": 512, "dropout": 0.1, "max_len": 2048, "skip": True}
+    defaults = {**TokenClassifier.defaults, "epochs": 8, "lr": 1e-3, "batch_size": 8, "weight_decay": 0.05,
+                "d_model": 256, "layers": 2, "heads": 4, "d_ff": 512, "dropout": 0.3, "max_len": 2048, "skip": True,
+                "probe_epochs": 5, "freeze_skip": True}
 
     def _build(self, d_in: int, n_classes: int) -> nn.Module:
         hp = self.hparams
         return SeqDecoderNet(d_in, n_classes, int(hp["d_model"]), int(hp["layers"]), int(hp["heads"]),
                              int(hp["d_ff"]), float(hp["dropout"]), int(hp["max_len"]), bool(hp["skip"]))
+
+    def _warm_start(self, module: nn.Module, x: torch.Tensor, y: torch.Tensor, trainer: Any) -> None:
+        """Fit the skip path alone first, as a linear probe on token rows (``probe_epochs``, batch 256)."""
+        epochs = int(self.hparams["probe_epochs"])
+        if module.skip is None or epochs < 1:
+            return
+        from dataclasses import replace
+
+        from attacks.trainer import TrainConfig, fit_module
+
+        rows = torch.from_numpy(np.flatnonzero((y[:, 0] != IGNORE).numpy()))
+        ce = nn.CrossEntropyLoss(ignore_index=IGNORE)
+
+        def loss_fn(m: nn.Module, idx: torch.Tensor) -> torch.Tensor:
+            r = rows[idx]
+            dev = next(m.parameters()).device
+            return ce(m(x[r].to(dev)), y[r, 0].to(dev))
+
+        cfg = replace(trainer or TrainConfig(), epochs=None, lr=None, batch_size=None, patience=None)
+        report = fit_module(module.skip, len(rows), loss_fn, epochs=epochs, lr=3e-3, batch_size=256, seed=self.seed,
+                            cfg=cfg, tag=f"{self.name}-probe")
+        self.fit_report["probe_warm_start"] = {k: report[k] for k in ("epochs_run", "train_seconds")}
+        if self.hparams["freeze_skip"]:
+            module.skip.requires_grad_(False)
 
     def _forward(self, module: nn.Module, x: Any, taps_seqs: Any = None) -> torch.Tensor:
         out = module(*x)  # (B, T, V_r)

@@ -4,11 +4,13 @@ With the head's weights the prompt can be recovered exactly, left to right:
 the state at position t is a deterministic function of tokens 0..t, so once
 tokens 0..t-1 are known, try candidate tokens v at position t and keep the
 one whose head output matches the observed state. This is the vocabulary
-matching / "SipIt" family of white-box inversions (e.g. Luo et al. 2025,
-"Language models are injective and hence invertible", SipIt; the
-vocabulary-matching attacks on split LLMs, e.g. VMI in "Prompt inversion
-attacks against collaborative inference of LLMs", 2025); because the map is
-injective in practice, accuracy is ~100% at any depth.
+matching / SipIt family of white-box inversions: Nikolaou et al., "Language
+Models Are Injective and Hence Invertible" (ICLR 2026, arXiv 2510.15511;
+SipIt: sequential, position-by-position exact inversion with gradient-guided
+candidates), and the split-LLM prompt inversion attacks of Qu et al.,
+"Prompt Inversion Attack against Collaborative Inference of Large Language
+Models" (arXiv 2503.09022; embedding optimisation + token matching). Because
+the map is injective in practice, accuracy is ~100% at any depth.
 
 Per position t: the head runs ONE forward of the last position for a batch of
 candidates, on a KV cache holding the recovered prefix (expanded over the
@@ -174,7 +176,7 @@ class VocabMatch(InversionAttack):
 
     # ------------------------------------------------------------ inversion
     def _orders(self, taps: Taps) -> tuple[torch.Tensor | None, np.ndarray | None]:
-        """Proposer's predicted embeddings (N, d_e) (None: no proposer) and the extra attacker's top-k (N, 16) or None."""
+        """Proposer's predicted embeddings (N, d_e) or None, and the extra attacker's top-k (N, 16) or None."""
         extra = self.extra.invert(taps, 16).topk if self.extra is not None else None
         if self.proposer is None:
             return None, extra

@@ -15,6 +15,12 @@ the compute measured from this run's steps, the network at ``rtt_ms`` /
 observed rates, hence the scores, fall and the tree shrinks, down to no draft
 at all; when they succeed it grows back.
 
+A lookahead branch (Fu et al. 2024; ``window`` x ``ngram``, see
+:mod:`.lookahead`) rides along when ``lookahead="on"``, or with ``"auto"``
+when its nodes add at most 10% to the modelled step time (accelerator-like
+costs, where extra positions are nearly free); its n-gram pool, learnt from
+the model's own Jacobi iterates, is then one more candidate source.
+
 This combination is our own design in the spirit of SpecInfer (Miao et al.
 2024: merged token trees), Sequoia (Chen et al. 2024: trees sized by
 expected acceptance under a hardware cost) and SuffixDecoding (Oliaro et al.
@@ -74,7 +80,7 @@ class AcceptanceStats:
 
 @register_proposer("combined")
 class Combined(Proposer):
-    """Merged, acceptance-ranked, cost-sized token trees from suffix, prompt-lookup and n-gram sources."""
+    """Merged, acceptance-ranked, cost-sized token trees from suffix, prompt-lookup, n-gram and lookahead sources."""
 
     def __init__(
         self,

@@ -240,7 +240,9 @@ def decode(
         node_argmax: list[int | None] = [None] * len(draft)
         for new_i, old_i in enumerate(kept):
             node_argmax[old_i] = argmax[new_i + 1]
-        accepted_nodes = [kept[i - 1] for i in path[1:]]
+        # Accepted nodes whose tokens were emitted: past EOS or the budget the model may still agree,
+        # but those tokens are not part of the output, so proposers must not learn from them.
+        accepted_nodes = [kept[i - 1] for i in path[1 : len(out) + 1]]
         fb = StepFeedback(draft, node_argmax, accepted_nodes, argmax[0], timing, list(kept))
         proposer.update(list(context), list(out), fb)
         context += out

@@ -1,4 +1,4 @@
-"""The attack interface: registry, Inversion, taps adapter, save/load round trip, bad checkpoints, mismatches, scoring."""
+"""The attack interface: registry, Inversion, taps adapter, save/load, bad checkpoints, mismatches, scoring."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ def fitted(tmp_path_factory):
 
 def test_registry_lists_every_recipe_with_threat_model() -> None:
     rows = {r["name"]: r for r in list_attacks()}
-    assert {"linear-probe", "linear-embed", "mlp", "seq-decoder", "vocab-match", "output-probe", "depth-id"} <= set(rows)
+    expected = {"linear-probe", "linear-embed", "mlp", "seq-decoder", "vocab-match", "output-probe", "depth-id"}
+    assert expected <= set(rows)
     assert rows["vocab-match"]["threat_model"] == "white-box" and rows["vocab-match"]["requires"] == ["head_weights"]
     assert rows["output-probe"]["boundary_side"] == "tail"
     assert all(r["threat_model"] in ("white-box", "shadow", "paired") for r in rows.values())
@@ -191,7 +192,8 @@ def test_score_and_flat_report(fitted) -> None:
     inv = attack.invert(test)
     summary = score(inv, test, vocab_size=40, train_token_ids=prior_tokens(attack.meta["unigram_top"]), n_boot=100)
     assert summary["token_acc_top1"]["value"] == pytest.approx(accuracy(inv, test))
-    assert summary["token_acc_top1"]["ci_low"] <= summary["token_acc_top1"]["value"] <= summary["token_acc_top1"]["ci_high"]
+    top1 = summary["token_acc_top1"]
+    assert top1["ci_low"] <= top1["value"] <= top1["ci_high"]
     assert summary["baseline_uniform_top1"]["value"] == pytest.approx(1 / 40)
     report = flat_report(summary, attack="linear-probe")
     for key in ("token_acc_top1", "token_acc_top5", "token_f1", "exact_match", "n_tokens", "ci95"):

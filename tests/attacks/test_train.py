@@ -81,3 +81,15 @@ def test_eval_errors(tmp_path: Path, corpus: str, capsys) -> None:
     assert main(["attack", "train", "--attack", "mlp", "--model", "tiny-random", "--boundary", "head:1",
                  "--corpus", corpus, "--hparam", "nonsense", "--out", str(tmp_path / "x")]) == 2
     assert "KEY=VALUE" in capsys.readouterr().err
+
+
+def test_depth_id_train_and_eval(tmp_path: Path, corpus: str, capsys) -> None:
+    out = tmp_path / "did"
+    assert main(["attack", "train", "--attack", "depth-id", "--model", "tiny-random", "--boundary", "head:1,head:4",
+                 "--corpus", corpus, "--max-tokens", "800", "--epochs", "2", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["attack", "eval", "--attacker", str(out), "--corpus", corpus, "--boundary", "head:4", "--json"]) == 0
+    report = last_json(capsys)
+    assert report["depth"] == 4 and 0.0 <= report["depth_token_acc"] <= 1.0 and report["attack"] == "depth-id"
+    assert main(["attack", "eval", "--attacker", str(out), "--corpus", corpus]) == 2
+    assert "pass --boundary" in capsys.readouterr().err

@@ -31,7 +31,7 @@ def test_study_on_tiny_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     names = {(r["attack"], r["boundary"]) for r in study["rows"]}
     for a in ("linear-probe", "linear-embed", "mlp", "mlp-seed", "seq-decoder", "vocab-match"):
         assert {(a, "head:1"), (a, "head:2")} <= names
-    assert {("output-probe:next", "tail:2"), ("output-probe:current", "tail:2"), ("output-probe:both", "tail:2")} <= names
+    assert {(f"output-probe:{t}", "tail:2") for t in ("next", "current", "both")} <= names
     vm = [r for r in study["rows"] if r["attack"] == "vocab-match"]
     assert all(r["metrics"]["token_acc_top1"]["value"] == 1.0 and r["seconds_per_token"] > 0 for r in vm)
     assert all("pii_recovery_person" in r["metrics"] for r in study["rows"])

@@ -50,3 +50,23 @@ def test_linear_embed_recovers_tokens_never_seen_in_training(tiny, tmp_path) -> 
 def test_linear_embed_bad_metric() -> None:
     with pytest.raises(AttackError, match="metric"):
         make_attack("linear-embed", metric="manhattan")
+
+
+def test_embedding_backoff_names_tokens_never_seen_in_training(tiny, tmp_path) -> None:
+    rng = np.random.default_rng(1)
+    common = rng.integers(0, 100, 3000)
+    rare = rng.integers(100, 259, 40)  # each seen about once: trains the <unk> class
+    train = embedding_taps(tiny, np.concatenate([common[:2960], rare]), seed=0)
+    val = embedding_taps(tiny, np.concatenate([rng.integers(0, 100, 150), rng.integers(100, 259, 50)]), seed=2)
+    test = embedding_taps(tiny, np.concatenate([rng.integers(0, 100, 200), rng.integers(150, 259, 100)]), seed=3)
+    plain = make_attack("linear-probe", epochs=10, batch_size=64, lr=0.01, backoff="none").fit(train, val)
+    backed = make_attack("linear-probe", model=tiny, epochs=10, batch_size=64, lr=0.01).fit(train, val)
+    assert backed.fit_report["backoff"] == "embed" and plain.fit_report["backoff"] == "none"
+    unseen = ~np.isin(test.token_ids, np.unique(train.token_ids))
+    inv = backed.invert(test)
+    assert (inv.tokens == test.token_ids)[unseen].mean() > 0.5
+    assert (plain.invert(test).tokens == test.token_ids)[unseen].mean() == 0.0
+    path = backed.save(tmp_path / "lpb")
+    assert np.array_equal(load_attack(path, model=tiny).invert(test).topk, inv.topk)
+    with pytest.raises(AttackError, match="embedding backoff"):
+        load_attack(path)

@@ -63,7 +63,8 @@ def test_vocab_match_is_robust_to_fp16_wire_rounding(tiny, taps) -> None:
 def test_vocab_match_without_proposer_scans_the_vocabulary(tiny, taps) -> None:
     train, test = split(taps[0]["head:2"])
     test = test.select_sequences([0])
-    inv = make_attack("vocab-match", model=tiny, proposer="none", batch_sizes=[64], max_batch=128).fit(train).invert(test)
+    attack = make_attack("vocab-match", model=tiny, proposer="none", batch_sizes=[64], max_batch=128).fit(train)
+    inv = attack.invert(test)
     assert accuracy(inv, test) == 1.0 and inv.info["mean_candidates"] > 8
 
 

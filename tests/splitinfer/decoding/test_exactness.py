@@ -164,3 +164,21 @@ def test_real_model_every_proposer_is_exact(real_model):
                 continue
             res = sm.generate(ids, 64, record_logits=True, decoding=make_proposer(name, **FAST_OPTIONS.get(name, {})))
             check_same(res, ref)
+
+
+def test_feedback_never_reports_accepted_guesses_past_eos(sm, tiny, monkeypatch):
+    """The model keeps agreeing with the oracle after EOS; proposers must only learn what was emitted."""
+    ids = sm.encode_prompt(PROMPTS[1])
+    full = sm.generate(ids, 40, stop_on_eos=False).token_ids
+    monkeypatch.setattr(tiny.model.generation_config, "eos_token_id", full[6])
+
+    class Spy(Oracle):
+        def update(self, context, accepted, feedback=None):
+            if feedback is not None and len(feedback.draft):
+                self.last = (list(accepted), [feedback.draft.tokens[i] for i in feedback.accepted_nodes])
+
+    spy = Spy(full, len(ids), 12, decoys=False)
+    res = sm.generate(ids, 40, decoding=spy)
+    emitted, learned = spy.last
+    assert res.token_ids[-1] == full[6] == emitted[-1]
+    assert learned == emitted  # EOS was a drafted guess: it and the guesses before it, none of the later ones

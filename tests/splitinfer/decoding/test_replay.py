@@ -37,3 +37,20 @@ def test_replay_on_a_repetitive_output_accepts_whole_chains():
     # prefill emits 1; "1" matches the prompt's start: 2..6 1 drafted (all the context has), all right,
     # + bonus 2; then "1 2" matches: 3 4 5 drafted + bonus 6
     assert [s.tokens_committed for s in steps] == [1, 7, 4]
+
+
+def test_replay_matches_across_prompts_with_eos_inside_drafts(tiny, monkeypatch):
+    """One combined instance over several prompts, generation stopping at an EOS the drafts run past:
+    what the proposer learns at the last step must match between the verifier and the replay."""
+    sm = SplitModel(tiny, "2,2", wire_dtype="fp32")
+    prompts = [sm.encode_prompt(p) for p in (PROMPT, "ab ab ab ab ab ab", PROMPT)]
+    full = sm.generate(prompts[0], 40, stop_on_eos=False).token_ids
+    monkeypatch.setattr(tiny.model.generation_config, "eos_token_id", full[12])
+    options = {"step_ms": 50.0, "token_ms": 0.5}
+    real, rep = make_proposer("combined", **options), make_proposer("combined", **options)
+    env = DecodingEnv(vocab_size=259, eos_ids=frozenset({full[12]}), max_new_tokens=40)
+    for ids in prompts:
+        res = sm.generate(ids, 40, decoding=real)
+        steps = replay(rep, ids, res.token_ids, 40, env)
+        assert [s.tokens_committed for s in steps] == [s.tokens_committed for s in res.steps]
+        assert [s.tokens_sent for s in steps] == [s.tokens_sent for s in res.steps]
