@@ -66,10 +66,16 @@ def _category_prompts(cfg: dict) -> list[tuple[str, str]]:
     return [(c, p) for c in cats for p in CATEGORY_PROMPTS[c][:k]]
 
 
-def _measure(sm: SplitModel, prompts: list[tuple[str, str]], n: int, decoding: str) -> list[dict]:
+def _measure(sm: SplitModel, prompts: list[tuple[str, str]], n: int, decoding: str,
+             options: dict | None = None) -> list[dict]:
+    """Generate each prompt; ``options`` (the suite's ``decoding_options[decoding]``) configure the proposer.
+
+    Proposers that adapt to measured step times (``combined``) are given a fixed cost model in the
+    suites, so greedy tau is reproducible and can be compared exactly against a baseline.
+    """
     out = []
     for cat, prompt in prompts:
-        res = sm.generate(_prompt_ids(sm, prompt), n, decoding=decoding)
+        res = sm.generate(_prompt_ids(sm, prompt), n, decoding=decoding, decoding_options=options)
         out.append({"category": cat, "tokens": len(res.token_ids), "steps": res.steps,
                     "tau": res.tokens_per_step})
     return out
@@ -94,7 +100,7 @@ def stage_speed(loaded: LoadedModel, cfg: dict, results: dict) -> list[dict]:
         for rtt in rtts:
             sm = SplitModel(loaded, split, wan=WanProfile(rtt_ms=rtt, bandwidth_mbps=bw),
                             wire_dtype=cfg.get("wire_dtype", "fp16"))
-            per_rtt[rtt] = _measure(sm, prompts, n, dec)
+            per_rtt[rtt] = _measure(sm, prompts, n, dec, cfg.get("decoding_options", {}).get(dec))
         model = rtt_model.fit_pooled({r: _decode_steps(v) for r, v in per_rtt.items()}, bw)
         for rtt, runs in per_rtt.items():
             steps = _decode_steps(runs)
@@ -135,7 +141,8 @@ def stage_rtt_model(loaded: LoadedModel, cfg: dict, results: dict) -> dict:
     runs: dict[str, dict[float, list[StepTiming]]] = {}
     for dec, rtt in tqdm(jobs, desc="rtt model", unit="run"):
         sm = SplitModel(loaded, split, wan=WanProfile(rtt_ms=rtt, bandwidth_mbps=bw))
-        runs.setdefault(dec, {})[rtt] = _decode_steps(_measure(sm, prompts, n, dec))
+        runs.setdefault(dec, {})[rtt] = _decode_steps(
+            _measure(sm, prompts, n, dec, cfg.get("decoding_options", {}).get(dec)))
     for dec, by_rtt in runs.items():
         cv = rtt_model.leave_one_rtt_out(by_rtt, bw)
         model = rtt_model.fit_pooled(by_rtt, bw)

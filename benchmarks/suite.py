@@ -23,9 +23,10 @@ SUITES_DIR = Path(__file__).parent / "suites"
 STAGE_KEYS: dict[str, dict[str, type | tuple]] = {
     "exactness": {"splits": list, "prompts": int, "tokens": int, "decodings": list},
     "speed": {"head_depths": list, "tail_layers": int, "decodings": list, "rtt_ms": list, "bandwidth_mbps": float,
-              "prompts_per_category": int, "categories": list, "tokens": int, "wire_dtype": str},
+              "prompts_per_category": int, "categories": list, "tokens": int, "wire_dtype": str,
+              "decoding_options": dict},
     "rtt_model": {"split": str, "decodings": list, "rtt_ms": list, "bandwidth_mbps": float, "prompts": int,
-                  "tokens": int, "project_rtt_ms": list},
+                  "tokens": int, "project_rtt_ms": list, "decoding_options": dict},
     "attacks": {"head_depths": list, "tail_depths": list, "attacks": list, "corpora": list, "train_tokens": int,
                 "test_tokens": int, "max_length": int, "options": dict, "seed_protocol": bool},
     "ngram_ablation": {"n": list, "categories": list, "prompts_per_category": int, "tokens": int,
