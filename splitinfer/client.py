@@ -155,7 +155,8 @@ class SplitModel:
 
     # ------------------------------------------------------------------ memory
     def local_param_bytes(self) -> int:
-        return param_bytes(self.head) + param_bytes(self.tail)
+        """Bytes of the local side's parameters (tied embedding / LM head counted once)."""
+        return param_bytes(torch.nn.ModuleList([self.head, self.tail]))
 
     # ------------------------------------------------------------------ steps
     def encode_prompt(self, prompt: str | list[int], chat: bool = False) -> list[int]:

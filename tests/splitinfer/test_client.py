@@ -111,3 +111,15 @@ def test_cloud_max_context_is_enforced(tiny):
         sm.generate("0123456789", 4)
     # the session was closed; a fitting request still works
     assert len(sm.generate("abc", 4, stop_on_eos=False).token_ids) == 4
+
+
+def test_local_param_bytes_counts_tied_embedding_once(tiny):
+    """Regression: the tied embedding / LM head was counted twice (once in the head, once in the tail)."""
+    from splitinfer.partition import param_bytes
+
+    sm = SplitModel(tiny, "2,2")
+    base = tiny.model.model
+    parts = [base.embed_tokens, base.norm, base.rotary_emb, *base.layers[:2], *base.layers[-2:]]
+    expected = sum(param_bytes(m) for m in parts)
+    assert tiny.model.config.tie_word_embeddings
+    assert sm.local_param_bytes() == expected
