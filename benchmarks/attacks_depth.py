@@ -19,6 +19,8 @@ configurable (``splitinfer bench attacks --help``) for machines with GPUs.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field
@@ -37,6 +39,7 @@ SEED_MLP_TOP1 = {1: 0.588, 3: 0.443, 7: 0.348}  # Cunningham (2026), Mistral-7B,
 HEAD_ATTACKS = ("linear-probe", "linear-embed", "mlp", "mlp-seed", "seq-decoder", "vocab-match")
 TAIL_ATTACKS = ("output-probe",)
 ALIASES = {"mlp-seed": ("mlp", {"protocol": "seed"})}
+PARTIAL_NAME = "attacks_depth.partial.jsonl"
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,7 @@ class StudyConfig:
     hparams: dict[str, dict[str, Any]] = field(default_factory=lambda: {
         "linear-probe": {"epochs": 6}, "mlp": {"epochs": 2}, "mlp-seed": {"seed_epochs": 30},
         "seq-decoder": {"epochs": 8}, "output-probe": {"epochs": 6}, "depth-id": {"epochs": 3},
-        "vocab-match": {"random_tokens": 4096}})
+        "vocab-match": {"random_tokens": 4096, "max_candidates": 16384}})
     seed: int = 0
     n_boot: int = 1000
     device: str = "cpu"
@@ -104,14 +107,38 @@ def _entry(name: str, cls: Any, boundary: str, depth: int, m: dict, fit_s: float
             "test_tokens": n, **extra}
 
 
-def run_study(cfg: StudyConfig, progress: bool = True) -> dict[str, Any]:
-    """Run the study; returns ``{"config", "rows", "depth_id", "timing", ...}`` (see :func:`to_results`)."""
+def _load_partial(path: Path | None, key: str) -> dict[tuple[str, str], list[dict]]:
+    """Rows already computed by an interrupted run with the same configuration: {(attack, boundary): rows}."""
+    done: dict[tuple[str, str], list[dict]] = {}
+    if path is None or not path.is_file():
+        return done
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a line cut by the interruption
+        if rec.get("key") == key:
+            done[(rec["job"], rec["boundary"])] = rec["rows"]
+    if done:
+        log.info("resuming: %d finished (attack, boundary) jobs from %s", len(done), path)
+    return done
+
+
+def run_study(cfg: StudyConfig, progress: bool = True, partial: str | Path | None = None) -> dict[str, Any]:
+    """Run the study; returns ``{"config", "rows", "depth_id", "timing", ...}`` (see :func:`to_results`).
+
+    ``partial``: a JSONL file where each finished (attack, boundary) job is appended; a rerun with the same
+    configuration skips the jobs found there (the study resumes after an interruption).
+    """
     import torch
     from tqdm.auto import tqdm
 
     from splitinfer.models import load_model
 
     t_start = time.perf_counter()
+    partial = Path(partial) if partial is not None else None
+    key = hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True, default=str).encode()).hexdigest()[:16]
+    done = _load_partial(partial, key)
     loaded = load_model(cfg.model, device=cfg.device)
     L = loaded.num_layers
     heads = [f"head:{a}" for a in cfg.head_depths]
@@ -133,6 +160,10 @@ def run_study(cfg: StudyConfig, progress: bool = True) -> dict[str, Any]:
         cls = get_attack_class(recipe)
         if cls.boundary_side not in (b.split(":")[0], "any"):
             continue
+        if (name, b) in done:
+            rows += done[(name, b)]
+            continue
+        first_row = len(rows)
         torch.manual_seed(cfg.seed)
         atk = make_attack(recipe, model=loaded, seed=cfg.seed, **{**cfg.hparams.get(name, {}), **fixed})
         t = time.perf_counter()
@@ -158,6 +189,10 @@ def run_study(cfg: StudyConfig, progress: bool = True) -> dict[str, Any]:
                                {"per_corpus_top1": per_corpus, "info": info, "train_tokens": train[b].n_tokens}))
             log.info("%s at %s: top-1 %.3f (%.1f s fit, %.1f s invert)", label, b, m["token_acc_top1"]["value"],
                      fit_s, inv_s)
+        if partial is not None:
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            with partial.open("a", encoding="utf-8") as f:
+                f.write(json.dumps({"key": key, "job": name, "boundary": b, "rows": rows[first_row:]}) + "\n")
     depth_rows = []
     if "depth-id" in cfg.attacks:
         t = time.perf_counter()
@@ -216,6 +251,7 @@ def write_outputs(study: dict[str, Any], out: str | Path) -> tuple[Path, Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     path_json = save(to_results(study), out / "attacks_depth.json")
+    (out / PARTIAL_NAME).unlink(missing_ok=True)
     path_md = out / "attacks_depth.md"
     path_md.write_text(markdown(study), encoding="utf-8")
     return path_json, path_md

@@ -31,7 +31,11 @@ def cmd_attacks(args) -> int:
         test_tokens=args.test_tokens, max_length=args.max_length, max_doc_tokens=args.max_doc_tokens,
         vocab_match_tokens=args.vocab_match_tokens, vocab_match_pii_tokens=args.vocab_match_pii_tokens, attacks=_names(args.attacks), hparams=hparams, seed=args.seed,
         n_boot=args.n_boot, device=args.device)
-    study = run_study(cfg, progress=not args.quiet)
+    from pathlib import Path
+
+    from benchmarks.attacks_depth import PARTIAL_NAME
+
+    study = run_study(cfg, progress=not args.quiet, partial=Path(args.out) / PARTIAL_NAME)
     path_json, path_md = write_outputs(study, args.out)
     print(path_md.read_text(encoding="utf-8"))
     print(f"results written to {path_json} and {path_md}")

@@ -242,6 +242,10 @@ class VocabMatch(InversionAttack):
 
         model = self._need_model()
         hp = self.hparams
+        if taps.n_tokens > 1 and len(taps) == taps.n_tokens and len(set(taps.seq_doc.tolist())) < len(taps):
+            log.warning("vocab-match got one-token sequences from longer documents (Taps.select_tokens?): each is "
+                        "matched at position 0 without its prefix, which fails and is slow; pass whole sequences "
+                        "(Taps.head_tokens or Taps.truncate)")
         depth = int(self.meta.get("depth") or taps.meta.get("depth"))
         device = next(model.model.parameters()).device
         emb = model.model.get_input_embeddings().weight.detach()  # (V, d_e)

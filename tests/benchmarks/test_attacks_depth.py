@@ -44,3 +44,22 @@ def test_study_on_tiny_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     for heading in ("## Targets", "Token accuracy @1", "seed's MLP protocol", "vocab-match (white-box)", "PII spans",
                     "depth-id", "Output side"):
         assert heading in md, heading
+
+
+def test_study_resumes_finished_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks import attacks_depth
+
+    monkeypatch.setenv("SPLITINFER_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "docs.jsonl"
+    path.write_text("\n".join(json.dumps({"doc_id": f"d{i}", "text": f"Note {i}: the fox jumps {i * 31} times."})
+                              for i in range(30)), encoding="utf-8")
+    cfg = StudyConfig(model="tiny-random", head_depths=(1,), tail_layers=(), corpora=(f"file:{path}",),
+                      train_tokens=600, val_tokens=100, test_tokens=200, max_length=32,
+                      attacks=("linear-probe", "linear-embed"), hparams=TINY, n_boot=20)
+    partial = tmp_path / "partial.jsonl"
+    first = run_study(cfg, progress=False, partial=partial)
+    assert len(partial.read_text().splitlines()) == 2
+    calls = []
+    monkeypatch.setattr(attacks_depth, "make_attack", lambda *a, **k: calls.append(a) or None)
+    again = run_study(cfg, progress=False, partial=partial)  # every job is found in the partial file
+    assert not calls and [r["metrics"] for r in again["rows"]] == [r["metrics"] for r in first["rows"]]

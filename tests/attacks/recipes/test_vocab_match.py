@@ -112,3 +112,11 @@ def test_gradient_guided_candidates_find_the_token(tiny, taps) -> None:
                          grad_steps=200).fit(train)
     inv = attack.invert(test)
     assert accuracy(inv, test) == 1.0 and inv.info["gradient_search_rate"] > 0.5
+
+
+def test_vocab_match_warns_on_one_token_sequences(tiny, taps, caplog) -> None:
+    train, test = split(taps[0]["head:2"])
+    attack = make_attack("vocab-match", model=tiny, max_candidates=8, grad_steps=0).fit(train)
+    with caplog.at_level("WARNING", logger="attacks.recipes.vocab_match"):
+        attack.invert(test.select_tokens([1, 2, 3]))
+    assert "one-token sequences" in caplog.text
