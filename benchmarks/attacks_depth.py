@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from attacks.evaluate import score
+from attacks.recipes.vocab_match import scoring_subset
 from attacks.registry import get_attack_class, make_attack
 from attacks.tapdata import Taps, extract_depths
 
@@ -79,25 +80,6 @@ def _pool(loaded: Any, cfg: StudyConfig, boundaries: list[str], split: str, per_
         for b, t in taps.items():
             parts[b].append(t)
     return {b: Taps.concat(v) for b, v in parts.items()}, rows
-
-
-def _vm_subset(test: Taps, rows: dict[str, tuple[int, int]], per_corpus: int, pii_tokens: int,
-               n_seqs: int = 4) -> Taps:
-    """vocab-match's test subset: the first ``n_seqs`` sequences of each corpus cut to ``per_corpus / n_seqs``
-    tokens, plus, for corpora with PII spans, their first two sequences cut to ``pii_tokens`` (so that spans
-    are covered and PII recovery can be scored). Prefixes are valid inputs: sequences start at position 0."""
-    starts = test.seq_starts()
-    short, long = [], []
-    for lo, hi in rows.values():
-        first = int(np.searchsorted(starts, lo))
-        seqs = [s for s in range(first, min(first + n_seqs, len(test))) if starts[s] < hi]
-        has_pii = any(test.documents[int(test.seq_doc[s])].get("pii_spans") for s in seqs)
-        long += seqs[:2] if has_pii and pii_tokens > 0 else []
-        short += seqs[2:] if has_pii and pii_tokens > 0 else seqs
-    parts = [test.select_sequences(short).truncate(max(1, per_corpus // n_seqs))]
-    if long:
-        parts.append(test.select_sequences(long).truncate(pii_tokens))
-    return Taps.concat(parts)
 
 
 def _entry(name: str, cls: Any, boundary: str, depth: int, m: dict, fit_s: float, inv_s: float, n: int,
@@ -171,7 +153,7 @@ def run_study(cfg: StudyConfig, progress: bool = True, partial: str | Path | Non
         fit_s = time.perf_counter() - t
         prior = train[b].token_ids
         targets = ("both", "next", "current") if name == "output-probe" else (None,)
-        data = (_vm_subset(test[b], test_rows, cfg.vocab_match_tokens, cfg.vocab_match_pii_tokens)
+        data = (scoring_subset(test[b], test_rows, cfg.vocab_match_tokens, cfg.vocab_match_pii_tokens)
                 if name == "vocab-match" else test[b])
         for target in targets:
             t = time.perf_counter()

@@ -6,8 +6,10 @@ splits of each corpus (one truncated forward for all boundaries), fits each
 attack the boundary admits on the pooled training taps, scores it on the
 pooled held-out test documents (95% bootstrap CIs over documents) and per
 corpus, and records PII recovery by type. ``vocab-match`` (white-box) is
-scored on the first ``vocab_match_tokens`` test tokens, with the linear probe
-of the same boundary ordering its candidates when that probe ran.
+scored on whole-sequence prefixes of the test documents (``scored_tokens``
+per corpus plus ``pii_tokens`` of two PII sequences: ``scoring_subset``),
+with the linear probe of the same boundary ordering its candidates when that
+probe ran.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 from tqdm import tqdm
 
 from attacks.evaluate import score
+from attacks.recipes.vocab_match import scoring_subset
 from attacks.registry import get_attack_class, make_attack
 from attacks.tapdata import Taps, extract_depths
 from benchmarks.schema import add_metric, metric
@@ -67,7 +70,8 @@ def stage_attacks(loaded: LoadedModel, cfg: dict, results: dict) -> dict:
     train, test, corpus_rows = _extract(loaded, cfg, boundaries)
     extract_s = time.perf_counter() - t0
     options = {name: dict(opts) for name, opts in cfg.get("options", {}).items()}  # copies: the suite is recorded
-    vm_tokens = int(options.setdefault("vocab-match", {}).pop("scored_tokens", 200))
+    vm_opts = options.setdefault("vocab-match", {})
+    vm_tokens, vm_pii = int(vm_opts.pop("scored_tokens", 40)), int(vm_opts.pop("pii_tokens", 96))
     names = cfg.get("attacks", ["linear-probe"])
     rows, pii_rows = [], []
     vocab = int(loaded.config.vocab_size)
@@ -87,8 +91,8 @@ def stage_attacks(loaded: LoadedModel, cfg: dict, results: dict) -> dict:
         atk.fit(train[b])
         fit_s = time.perf_counter() - t_fit
         fitted[(b, name)] = atk
-        rows_idx = np.arange(min(vm_tokens, test[b].n_tokens)) if name == "vocab-match" else None
-        target = test[b].select_tokens(rows_idx) if rows_idx is not None else test[b]
+        subset = name == "vocab-match"
+        target = scoring_subset(test[b], corpus_rows[b], vm_tokens, vm_pii) if subset else test[b]
         t_inv = time.perf_counter()
         inv = atk.invert(target, k=5)
         inv_s = time.perf_counter() - t_inv
@@ -106,7 +110,7 @@ def stage_attacks(loaded: LoadedModel, cfg: dict, results: dict) -> dict:
             if t.startswith("pii_recovery_"):
                 pii_rows.append({"attack": name, "boundary": b, "depth": depth, "type": t[len("pii_recovery_"):],
                                  "value": v["value"], "n": v["n"]})
-        if rows_idx is None:  # per-corpus breakdown of the same inversion
+        if not subset:  # per-corpus breakdown of the same inversion
             for corpus, (lo, hi) in corpus_rows[b].items():
                 sub = np.arange(lo, hi)
                 sm = score(_slice(inv, sub), test[b].select_tokens(sub), vocab_size=vocab,
@@ -123,7 +127,8 @@ def stage_attacks(loaded: LoadedModel, cfg: dict, results: dict) -> dict:
             "extract_seconds": extract_s,
             "note": (f"Teacher-forced states of held-out test documents; attackers trained on "
                      f"{cfg.get('train_tokens', 20000)} training tokens of {', '.join(cfg.get('corpora', []))} "
-                     f"(document-level splits); vocab-match scored on the first {vm_tokens} test tokens. "
+                     f"(document-level splits); vocab-match scored on sequence prefixes: "
+                     f"{vm_tokens} tokens per corpus plus {vm_pii} tokens of two PII sequences. "
                      "white-box = holds the local layers' published weights; shadow = trains on its own pairs "
                      "from the public model and an auxiliary corpus.")}
 

@@ -304,3 +304,26 @@ class VocabMatch(InversionAttack):
                  "%.1f%% of positions", depth, info["seconds_per_token"], 100 * info["accepted_rate"],
                  info["mean_candidates"], 100 * info["gradient_search_rate"])
         return Inversion(topk[:, 0], topk, scores, info)
+
+
+def scoring_subset(test: Taps, rows: dict[str, tuple[int, int]], per_corpus: int, pii_tokens: int,
+                   n_seqs: int = 4) -> Taps:
+    """The test subset vocab-match is scored on (it costs forwards per token, so it is scored on a sample).
+
+    ``rows``: corpus -> (first, end) token rows of ``test``. Keeps the first ``n_seqs`` sequences of each
+    corpus cut to ``per_corpus / n_seqs`` tokens, plus, for corpora with PII spans, their first two sequences
+    cut to ``pii_tokens`` (so that spans are covered and PII recovery can be scored). Whole-sequence prefixes,
+    never single token rows: position t can only be matched once tokens 0..t-1 are recovered.
+    """
+    starts = test.seq_starts()
+    short, long = [], []
+    for lo, hi in rows.values():
+        first = int(np.searchsorted(starts, lo))
+        seqs = [s for s in range(first, min(first + n_seqs, len(test))) if starts[s] < hi]
+        has_pii = any(test.documents[int(test.seq_doc[s])].get("pii_spans") for s in seqs)
+        long += seqs[:2] if has_pii and pii_tokens > 0 else []
+        short += seqs[2:] if has_pii and pii_tokens > 0 else seqs
+    parts = [test.select_sequences(short).truncate(max(1, per_corpus // n_seqs))]
+    if long:
+        parts.append(test.select_sequences(long).truncate(pii_tokens))
+    return Taps.concat(parts)

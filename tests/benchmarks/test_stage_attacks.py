@@ -1,0 +1,33 @@
+"""The suite's attack stage on the tiny model: vocab-match is scored on whole sequence prefixes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.stage_attacks import stage_attacks
+from splitinfer.models import load_model
+
+
+def test_vocab_match_in_the_suite_recovers_every_scored_token(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # Regression: the stage used to score vocab-match on single token rows (each its own one-token sequence at
+    # position 0, without its prefix), so matching failed past the first token and fell back to full-vocabulary
+    # scans. It must be scored on prefixes of whole sequences.
+    monkeypatch.setenv("SPLITINFER_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "docs.jsonl"
+    path.write_text("\n".join(json.dumps({"doc_id": f"d{i}", "text": f"Note {i}: the fox jumps {i * 31} times."})
+                              for i in range(40)), encoding="utf-8")
+    cfg = {"head_depths": [2], "attacks": ["linear-probe", "vocab-match"], "corpora": [f"file:{path}"],
+           "train_tokens": 600, "test_tokens": 200, "max_length": 32,
+           "options": {"linear-probe": {"epochs": 1, "batch_size": 32},
+                       "vocab-match": {"scored_tokens": 40, "random_tokens": 256, "grad_steps": 0}}}
+    results = {"config": {"seed": 0}, "results": {}}
+    out = stage_attacks(load_model("tiny-random"), cfg, results)
+    vm = next(r for r in out["rows"] if r["attack"] == "vocab-match")
+    assert vm["test_tokens"] >= 20  # prefixes of up to 4 sequences x 10 tokens
+    assert vm["metrics"]["token_acc_top1"]["value"] == 1.0
+    assert vm["info"]["accepted_rate"] == 1.0
+    assert cfg["options"]["vocab-match"]["scored_tokens"] == 40  # the suite's own config is not consumed
