@@ -15,7 +15,7 @@ def cmd_speed(args) -> int:
     rtts = [float(x) for x in args.rtt_ms.split(",")]
     result = run_speed(
         loaded, SplitConfig.parse(args.split), rtts, n_tokens=args.tokens,
-        bandwidth_mbps=args.bandwidth_mbps, wire=args.wire_dtype,
+        bandwidth_mbps=args.bandwidth_mbps, wire=args.wire_dtype, server_memory=not args.no_server_memory,
     )
     print(format_speed(result))
     if args.out:
@@ -57,6 +57,8 @@ def register(sub) -> None:
     s.add_argument("--wire-dtype", default="fp16", choices=["fp16", "fp32", "bf16"])
     s.add_argument("--tokens", type=int, default=64, help="tokens generated per measurement")
     s.add_argument("--out", default=None, help="also write the figures as JSON here")
+    s.add_argument("--no-server-memory", action="store_true",
+                   help="skip measuring the cloud side's memory on a real `splitinfer serve` process")
     s.set_defaults(func=cmd_speed)
 
     e = bsub.add_parser("exactness", help="split vs unsplit greedy generation: token identity and logit diff")

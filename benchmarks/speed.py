@@ -71,8 +71,13 @@ def run_speed(
     bandwidth_mbps: float | None = 100.0,
     wire: str = "fp16",
     prompt: str = PROMPT,
+    server_memory: bool = False,
 ) -> dict:
-    """Measure and return the benchmark's figures (see the module docstring)."""
+    """Measure and return the benchmark's figures (see the module docstring).
+
+    ``server_memory``: also run the generation through a real ``splitinfer serve`` process and report its
+    resident memory (:mod:`benchmarks.memory`): the cloud side's peak memory on its own.
+    """
     sm0 = SplitModel(loaded, split, wire_dtype=wire)
     prompt_ids = sm0.encode_prompt(prompt, chat=bool(getattr(loaded.tokenizer, "chat_template", None)))
     sm0.generate(prompt_ids, 8, stop_on_eos=False)  # warm-up (page in weights, allocator)
@@ -108,6 +113,14 @@ def run_speed(
         cloud_kv = sum(s.cache.nbytes() for s in service.sessions.values())
     local_kv = head_cache.nbytes() + tail_cache.nbytes()
     sm0.remote.close()
+    cloud_rss = {}
+    if server_memory:
+        from benchmarks.memory import server_memory as measure
+
+        def drive(url: str) -> None:
+            SplitModel(loaded, split, cloud=url, wire_dtype=wire).generate(prompt_ids, n_tokens, stop_on_eos=False)
+
+        cloud_rss = measure(loaded.spec, str(split), drive)
     return {
         "model": loaded.spec,
         "model_sha256": loaded.sha256,
@@ -128,6 +141,8 @@ def run_speed(
             "local_kv_bytes_prompt": local_kv,
             "cloud_kv_bytes_prompt": cloud_kv,
             "process_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "cloud_server_rss_bytes": cloud_rss.get("loaded_rss_bytes"),
+            "cloud_server_peak_rss_bytes": cloud_rss.get("peak_rss_bytes"),
         },
         "threads": torch.get_num_threads(),
     }
@@ -163,4 +178,12 @@ def format_speed(r: dict) -> str:
         f"cloud {m['cloud_kv_bytes_prompt'] / 1024:.0f} KiB; peak RSS of this process "
         f"(local + in-process cloud) {m['process_peak_rss_bytes'] / mib:.0f} MiB"
     )
+    if m.get("cloud_server_peak_rss_bytes"):
+        local_mib = (m["local_param_bytes"] + m["local_kv_bytes_prompt"]) / mib
+        lines.append(
+            f"cloud side on its own (a `splitinfer serve` process, body weights only): RSS "
+            f"{m['cloud_server_rss_bytes'] / mib:.0f} MiB once loaded, peak "
+            f"{m['cloud_server_peak_rss_bytes'] / mib:.0f} MiB after {r['n_tokens']} tokens; the local side holds "
+            f"{local_mib:.0f} MiB of tensors (head + tail parameters + KV cache)"
+        )
     return "\n".join(lines)
