@@ -119,7 +119,9 @@ def run_study(cfg: StudyConfig, progress: bool = True, partial: str | Path | Non
 
     t_start = time.perf_counter()
     partial = Path(partial) if partial is not None else None
-    key = hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True, default=str).encode()).hexdigest()[:16]
+    # the selection of attacks changes no job's result: a rerun with fewer or more attacks reuses finished jobs
+    job_cfg = {k: v for k, v in asdict(cfg).items() if k != "attacks"}
+    key = hashlib.sha256(json.dumps(job_cfg, sort_keys=True, default=str).encode()).hexdigest()[:16]
     done = _load_partial(partial, key)
     loaded = load_model(cfg.model, device=cfg.device)
     L = loaded.num_layers

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,7 @@ def test_study_resumes_finished_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(attacks_depth, "make_attack", lambda *a, **k: calls.append(a) or None)
     again = run_study(cfg, progress=False, partial=partial)  # every job is found in the partial file
     assert not calls and [r["metrics"] for r in again["rows"]] == [r["metrics"] for r in first["rows"]]
+    fewer = run_study(replace(cfg, attacks=("linear-embed",)), progress=False, partial=partial)
+    assert not calls and [r["attack"] for r in fewer["rows"]] == ["linear-embed"]  # the selection is not in the key
+    with pytest.raises(AttributeError):  # a changed size is a new study: its jobs run (here: the None stub)
+        run_study(replace(cfg, test_tokens=150), progress=False, partial=partial)
