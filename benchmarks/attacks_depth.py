@@ -89,8 +89,19 @@ def _entry(name: str, cls: Any, boundary: str, depth: int, m: dict, fit_s: float
             "test_tokens": n, **extra}
 
 
-def _load_partial(path: Path | None, key: str) -> dict[tuple[str, str], list[dict]]:
-    """Rows already computed by an interrupted run with the same configuration: {(attack, boundary): rows}."""
+def job_key(cfg: StudyConfig, job: str) -> str:
+    """What one (attack, boundary) job's result depends on: the shared sizes and seeds plus its own options.
+
+    Neither the selection of attacks nor the other attacks' options is part of it, so a rerun with fewer or
+    more attacks, or with one attack's options changed, reuses every other finished job.
+    """
+    shared = {k: v for k, v in asdict(cfg).items() if k not in ("attacks", "hparams")}
+    text = json.dumps({**shared, "job": job, "hparams": cfg.hparams.get(job, {})}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _load_partial(path: Path | None, cfg: StudyConfig) -> dict[tuple[str, str], list[dict]]:
+    """Rows already computed by an interrupted run with the same job configuration: {(attack, boundary): rows}."""
     done: dict[tuple[str, str], list[dict]] = {}
     if path is None or not path.is_file():
         return done
@@ -99,7 +110,7 @@ def _load_partial(path: Path | None, key: str) -> dict[tuple[str, str], list[dic
             rec = json.loads(line)
         except ValueError:
             continue  # a line cut by the interruption
-        if rec.get("key") == key:
+        if rec.get("key") == job_key(cfg, rec.get("job", "")):
             done[(rec["job"], rec["boundary"])] = rec["rows"]
     if done:
         log.info("resuming: %d finished (attack, boundary) jobs from %s", len(done), path)
@@ -109,8 +120,8 @@ def _load_partial(path: Path | None, key: str) -> dict[tuple[str, str], list[dic
 def run_study(cfg: StudyConfig, progress: bool = True, partial: str | Path | None = None) -> dict[str, Any]:
     """Run the study; returns ``{"config", "rows", "depth_id", "timing", ...}`` (see :func:`to_results`).
 
-    ``partial``: a JSONL file where each finished (attack, boundary) job is appended; a rerun with the same
-    configuration skips the jobs found there (the study resumes after an interruption).
+    ``partial``: a JSONL file where each finished (attack, boundary) job is appended; a rerun skips the jobs
+    found there whose configuration (:func:`job_key`) is unchanged (the study resumes after an interruption).
     """
     import torch
     from tqdm.auto import tqdm
@@ -119,10 +130,7 @@ def run_study(cfg: StudyConfig, progress: bool = True, partial: str | Path | Non
 
     t_start = time.perf_counter()
     partial = Path(partial) if partial is not None else None
-    # the selection of attacks changes no job's result: a rerun with fewer or more attacks reuses finished jobs
-    job_cfg = {k: v for k, v in asdict(cfg).items() if k != "attacks"}
-    key = hashlib.sha256(json.dumps(job_cfg, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    done = _load_partial(partial, key)
+    done = _load_partial(partial, cfg)
     loaded = load_model(cfg.model, device=cfg.device)
     L = loaded.num_layers
     heads = [f"head:{a}" for a in cfg.head_depths]
@@ -176,7 +184,8 @@ def run_study(cfg: StudyConfig, progress: bool = True, partial: str | Path | Non
         if partial is not None:
             partial.parent.mkdir(parents=True, exist_ok=True)
             with partial.open("a", encoding="utf-8") as f:
-                f.write(json.dumps({"key": key, "job": name, "boundary": b, "rows": rows[first_row:]}) + "\n")
+                rec = {"key": job_key(cfg, name), "job": name, "boundary": b, "rows": rows[first_row:]}
+                f.write(json.dumps(rec) + "\n")
     depth_rows = []
     if "depth-id" in cfg.attacks:
         t = time.perf_counter()

@@ -66,5 +66,8 @@ def test_study_resumes_finished_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert not calls and [r["metrics"] for r in again["rows"]] == [r["metrics"] for r in first["rows"]]
     fewer = run_study(replace(cfg, attacks=("linear-embed",)), progress=False, partial=partial)
     assert not calls and [r["attack"] for r in fewer["rows"]] == ["linear-embed"]  # the selection is not in the key
+    other = {**TINY, "linear-probe": {"epochs": 3, "batch_size": 32}}  # another attack's options: not in this key
+    assert run_study(replace(cfg, attacks=("linear-embed",), hparams=other), progress=False, partial=partial)
+    assert not calls
     with pytest.raises(AttributeError):  # a changed size is a new study: its jobs run (here: the None stub)
         run_study(replace(cfg, test_tokens=150), progress=False, partial=partial)
