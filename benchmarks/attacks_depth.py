@@ -58,6 +58,7 @@ class StudyConfig:
     max_doc_tokens: int = 128  # tokens kept per document, so small budgets still span many documents
     vocab_match_tokens: int = 40  # per corpus: the first tokens of its first 4 test sequences
     vocab_match_pii_tokens: int = 96  # PII corpora: their first 2 test sequences are cut here instead
+    vocab_match_depths: tuple[int, ...] | None = None  # head depths where vocab-match runs (None = all)
     attacks: tuple[str, ...] = HEAD_ATTACKS + TAIL_ATTACKS + ("depth-id",)
     hparams: dict[str, dict[str, Any]] = field(default_factory=lambda: {
         "linear-probe": {"epochs": 6}, "mlp": {"epochs": 2}, "mlp-seed": {"seed_epochs": 30},
@@ -92,10 +93,11 @@ def _entry(name: str, cls: Any, boundary: str, depth: int, m: dict, fit_s: float
 def job_key(cfg: StudyConfig, job: str) -> str:
     """What one (attack, boundary) job's result depends on: the shared sizes and seeds plus its own options.
 
-    Neither the selection of attacks nor the other attacks' options is part of it, so a rerun with fewer or
+    Neither the selection of attacks (``attacks``, ``vocab_match_depths``) nor the other attacks' options is
+    part of it, so a rerun with fewer or
     more attacks, or with one attack's options changed, reuses every other finished job.
     """
-    shared = {k: v for k, v in asdict(cfg).items() if k not in ("attacks", "hparams")}
+    shared = {k: v for k, v in asdict(cfg).items() if k not in ("attacks", "hparams", "vocab_match_depths")}
     text = json.dumps({**shared, "job": job, "hparams": cfg.hparams.get(job, {})}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -151,6 +153,8 @@ def run_study(cfg: StudyConfig, progress: bool = True, partial: str | Path | Non
         recipe, fixed = ALIASES.get(name, (name, {}))
         cls = get_attack_class(recipe)
         if cls.boundary_side not in (b.split(":")[0], "any"):
+            continue
+        if name == "vocab-match" and cfg.vocab_match_depths is not None and depth_of[b] not in cfg.vocab_match_depths:
             continue
         if (name, b) in done:
             rows += done[(name, b)]

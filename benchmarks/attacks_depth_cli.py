@@ -29,8 +29,9 @@ def cmd_attacks(args) -> int:
         model=args.model, head_depths=_ints(args.head_depths), tail_layers=_ints(args.tail_layers),
         corpora=_names(args.corpora), train_tokens=args.train_tokens, val_tokens=args.val_tokens,
         test_tokens=args.test_tokens, max_length=args.max_length, max_doc_tokens=args.max_doc_tokens,
-        vocab_match_tokens=args.vocab_match_tokens, vocab_match_pii_tokens=args.vocab_match_pii_tokens, attacks=_names(args.attacks), hparams=hparams, seed=args.seed,
-        n_boot=args.n_boot, device=args.device)
+        vocab_match_tokens=args.vocab_match_tokens, vocab_match_pii_tokens=args.vocab_match_pii_tokens,
+        vocab_match_depths=_ints(args.vocab_match_depths) if args.vocab_match_depths else None,
+        attacks=_names(args.attacks), hparams=hparams, seed=args.seed, n_boot=args.n_boot, device=args.device)
     from pathlib import Path
 
     from benchmarks.attacks_depth import PARTIAL_NAME
@@ -63,6 +64,9 @@ def register(bsub) -> None:
     p.add_argument("--vocab-match-tokens", type=int, default=d.vocab_match_tokens, help="per corpus")
     p.add_argument("--vocab-match-pii-tokens", type=int, default=d.vocab_match_pii_tokens,
                    help="prefix length of the two sequences of PII corpora scored by vocab-match")
+    p.add_argument("--vocab-match-depths", default=None,
+                   help="head depths where vocab-match runs (default: every head depth; it takes seconds per token "
+                   "on CPU at deep splits)")
     p.add_argument("--hparams", default=None, help='JSON overrides per attack, e.g. \'{"mlp": {"epochs": 20}}\' '
                    f"(defaults: {json.dumps(d.hparams)})")
     p.add_argument("--seed", type=int, default=d.seed)

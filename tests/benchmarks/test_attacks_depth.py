@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.attacks_depth import StudyConfig, run_study, write_outputs
+from benchmarks.attacks_depth_report import markdown
 from benchmarks.schema import validate
 
 TINY = {"linear-probe": {"epochs": 2, "batch_size": 32}, "mlp": {"epochs": 1, "width": 32, "batch_size": 32},
@@ -71,3 +72,18 @@ def test_study_resumes_finished_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert not calls
     with pytest.raises(AttributeError):  # a changed size is a new study: its jobs run (here: the None stub)
         run_study(replace(cfg, test_tokens=150), progress=False, partial=partial)
+
+
+def test_vocab_match_only_at_chosen_depths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPLITINFER_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "docs.jsonl"
+    path.write_text("\n".join(json.dumps({"doc_id": f"d{i}", "text": f"Note {i}: the fox jumps {i * 31} times."})
+                              for i in range(30)), encoding="utf-8")
+    cfg = StudyConfig(model="tiny-random", head_depths=(1, 2), tail_layers=(), corpora=(f"file:{path}",),
+                      train_tokens=600, val_tokens=100, test_tokens=200, max_length=32, vocab_match_tokens=16,
+                      vocab_match_depths=(2,), attacks=("linear-embed", "vocab-match"), hparams=TINY, n_boot=20)
+    study = run_study(cfg, progress=False)
+    assert sorted((r["attack"], r["boundary"]) for r in study["rows"]) == [
+        ("linear-embed", "head:1"), ("linear-embed", "head:2"), ("vocab-match", "head:2")]
+    md = markdown(study)
+    assert "Not scored in this study (CPU budget): head:1" in md
