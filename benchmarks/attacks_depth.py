@@ -210,7 +210,7 @@ def run_study(cfg: StudyConfig, progress: bool = True, partial: str | Path | Non
                        "threads": torch.get_num_threads()},
             "rows": rows, "depth_id": depth_rows,
             "timing": {"extract_seconds": round(extract_s, 1),
-                       "total_seconds": round(time.perf_counter() - t_start, 1)}}
+                       "total_seconds": round(time.perf_counter() - t_start, 1), "resumed_jobs": len(done)}}
 
 
 def to_results(study: dict[str, Any]) -> dict[str, Any]:

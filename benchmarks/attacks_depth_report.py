@@ -88,7 +88,10 @@ def markdown(study: dict[str, Any]) -> str:
          f"{cfg.get('vocab_match_pii_tokens')} tokens instead, to cover PII spans). Hyper-parameter overrides: {cfg['hparams']}. Seed {cfg['seed']}, "
          f"{cfg['threads']} torch thread(s), device {cfg['device']}. "
          f"Extraction {study['timing']['extract_seconds']} s, "
-         f"whole study {study['timing']['total_seconds']} s. Teacher-forced fp16 states of held-out documents "
+         f"this run {study['timing']['total_seconds']} s"
+         + (f" (it resumed {study['timing']['resumed_jobs']} jobs finished by an interrupted run; their fit and invert "
+            "times are in the last table)" if study["timing"].get("resumed_jobs") else "")
+         + ". Teacher-forced fp16 states of held-out documents "
          "(document-level splits); values are % of tokens with 95% bootstrap CIs over documents.", "",
          "Threat models: white-box = holds the local layers' published weights; shadow = trains on its own "
          "(activation, token) pairs made with the public model on an auxiliary corpus.", "", "## Targets", ""]
