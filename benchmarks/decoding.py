@@ -16,6 +16,12 @@ in-process link with an fp32 wire:
    ``combined`` sizes its trees with this model's costs at 80 ms (fixed
    coefficients, so the run is reproducible); ``combined gpu-flat@80ms``
    with the flat costs (which also switches its lookahead branch on).
+   Proposers that draft with the local model (``local-draft``, and
+   ``combined+local-draft``: combined with local-draft as a fourth source)
+   run after the fit with the same 80 ms costs; their steps stay out of the
+   fit (their drafting time does not grow with the tokens sent), and their
+   modelled time adds each step's measured drafting time instead.
+   ``draft_calibration`` warm-starts their bridge from a calibration file.
 3. *Ablation* (the seed's section 6.4 on our model): ``ngram-pool`` n = 3..7,
    ``prompt-lookup`` / ``suffix`` / ``combined`` at T in {8, 16, 32, 64}, and
    ``combined`` sized for other costs, by exact replay against the sequential
@@ -53,7 +59,7 @@ BUDGETS = (8, 16, 32, 64)
 NGRAMS = (3, 4, 5, 6, 7)
 
 
-def _run_record(res, ref, cat: str) -> dict:
+def _run_record(res, ref, cat: str, needs_model: bool = False) -> dict:
     """One generation's figures, and its exactness against the sequential reference."""
     same = res.token_ids == ref.token_ids
     n = min(len(res.logits), len(ref.logits))
@@ -65,6 +71,7 @@ def _run_record(res, ref, cat: str) -> dict:
         "wall_s": res.wall_s,
         "token_identical": same,
         "max_logit_diff": diff,
+        "needs_model": needs_model,  # drafts with the local model: its draft time is added, not fitted
     }
 
 
@@ -89,8 +96,11 @@ def noise_floor(model, prompt_ids: list[int], output: list[int], ref_logits: lis
 
 
 def _steps(records: list[dict], decode_only: bool = True) -> list[StepTiming]:
+    """Steps for the step-time fit (runs of model-drafting proposers left out)."""
     out = []
     for r in records:
+        if r.get("needs_model"):
+            continue
         steps = [StepTiming(**s) for s in r["steps"]]
         out += steps[1:] if decode_only else steps
     return out
@@ -128,7 +138,7 @@ class DecodingBench:
         records = []
         for i in tqdm(subset if subset is not None else range(len(self.items)), desc=label, leave=False):
             res = self.sm.generate(self.ids[i], self.max_new, record_logits=True, decoding=proposer)
-            records.append(_run_record(res, self.refs[i], self.items[i][0]))
+            records.append(_run_record(res, self.refs[i], self.items[i][0], proposer.needs_model))
             if not records[-1]["token_identical"] or records[-1]["max_logit_diff"] > self.tol:
                 log.warning("%s: exactness failure on prompt %d (identical=%s, max diff %.2e)", label, i,
                             records[-1]["token_identical"], records[-1]["max_logit_diff"])
@@ -159,13 +169,15 @@ def run_decoding_bench(
     ablation_prompts: int = 1,
     proposers: list[str] | None = None,
     tolerance: float = 1e-4,
+    draft_calibration: str | None = None,
 ) -> dict:
     """Run the whole benchmark and return its results (see the module docstring)."""
     prompts = {c: ps[:prompts_per_category] for c, ps in PROMPTS.items()}
     bench = DecodingBench(sm, prompts, max_new_tokens, tolerance)
     t_start = time.perf_counter()
     bench.reference()
-    names = [n for n in (proposers or list_proposers()) if n not in ("sequential", "combined")]
+    wanted = proposers or list_proposers()
+    names = [n for n in wanted if n not in ("sequential", "combined", "local-draft")]
     for name in names:
         bench.measure(name, name)
     model = fit(_steps([r for recs in bench.runs.values() for r in recs]), 0.0, None, skip_prefill=False)
@@ -174,16 +186,22 @@ def run_decoding_bench(
     combined_opts = {"step_ms": step_ms, "token_ms": token_ms}
     flat_ms = cost_coefficients(cpu80, flat=True)
     flat_opts = {"step_ms": flat_ms[0], "token_ms": flat_ms[1]}
-    if proposers is None or "combined" in proposers:
+    if "combined" in wanted:
         bench.measure("combined", "combined", combined_opts)
         bench.measure("combined gpu-flat@80ms", "combined", flat_opts)
+    if "local-draft" in wanted:
+        draft_opts = {"calibration": draft_calibration}
+        bench.measure("local-draft", "local-draft", {**combined_opts, **draft_opts})
+        if "combined" in wanted:
+            sources = "suffix,prompt-lookup,ngram-pool,local-draft"
+            bench.measure("combined+local-draft", "combined", {**combined_opts, **draft_opts, "sources": sources})
     # Pool every measured step for the final model (combined's steps included).
     all_steps = _steps([r for recs in bench.runs.values() for r in recs])
     model = fit(all_steps, 0.0, None, skip_prefill=False)
     results = {
         "config": {"model": sm.loaded.spec, "model_sha256": sm.loaded.sha256, "split": str(sm.split),
                    "wire_dtype": "fp32", "max_new_tokens": max_new_tokens, "prompts": prompts,
-                   "tolerance": tolerance, "combined_options": combined_opts,
+                   "tolerance": tolerance, "combined_options": combined_opts, "draft_calibration": draft_calibration,
                    "combined_gpu_flat_options": flat_opts},
         "step_model": model.to_dict(),
         "cross_validation": cross_validate(all_steps, 0.0, None, skip_prefill=False),

@@ -5,7 +5,10 @@ tokens / round trips, the prefill round trip included. Modelled tok/s are
 decode-step figures from the fitted step-time model: committed tokens over
 modelled time, on this machine's CPU costs or with a flat (GPU-like)
 per-step compute cost; "CPU tok/s" is the measured wall-clock rate of the
-real runs over the zero-RTT in-process link.
+real runs over the zero-RTT in-process link. Runs of proposers that draft
+with the local model (``needs_model``) are modelled as the fitted step plus
+their own measured drafting time per step (measured on this CPU, also in
+the flat table).
 """
 
 from __future__ import annotations
@@ -33,7 +36,13 @@ def tau(records) -> float:
 
 
 def modelled(model: StepTimeModel, records, rtt: float, flat: bool = False) -> float:
-    return model.project(rtt, BANDWIDTH).tok_s(_steps(records, decode_only=True), flat)
+    proj = model.project(rtt, BANDWIDTH)
+    ms = tokens = 0.0
+    for r in records:
+        for s in _steps([r], decode_only=True):
+            ms += proj.predict(s.tokens_sent, flat) + (s.draft_ms if r.get("needs_model") else 0.0)
+            tokens += s.tokens_committed
+    return 1e3 * tokens / ms if ms > 0 else 0.0
 
 
 def by_category(records) -> dict[str, list[dict]]:
@@ -79,7 +88,7 @@ def targets(table: dict, results: dict) -> dict:
     per-step compute.
     """
     out = {}
-    for label, kind in (("combined", "cpu"), ("combined gpu-flat@80ms", "flat")):
+    for label, kind in (("combined", "cpu"), ("combined gpu-flat@80ms", "flat"), ("combined+local-draft", "cpu")):
         if label not in table or "ngram-pool" not in table:
             continue
         c, g = table[label]["tau"], table["ngram-pool"]["tau"]
@@ -106,7 +115,7 @@ def targets(table: dict, results: dict) -> dict:
 
 def _order(label: str) -> tuple:
     main = ("sequential", "jacobi", "ngram-pool", "lookahead", "prompt-lookup", "suffix", "combined",
-            "combined gpu-flat@80ms")
+            "combined gpu-flat@80ms", "local-draft", "combined+local-draft")
     return (0, main.index(label), "") if label in main else (1, 0, label)
 
 

@@ -93,6 +93,20 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_draft_calibrate(args) -> int:
+    from splitinfer.client import SplitModel
+    from splitinfer.decoding.bridge import calibrate, corpus_sequences, split_meta
+
+    sm = SplitModel(load_for_cli(args), args.split, wire_dtype=args.wire_dtype)
+    seqs = corpus_sequences(sm.loaded.tokenizer, [c for c in args.corpus.split(",") if c], args.max_tokens,
+                            args.seq_len)
+    bridge = calibrate(sm, seqs, ridge=args.ridge)
+    path = bridge.save(args.out, {**split_meta(sm), "corpora": args.corpus, "wire_dtype": args.wire_dtype})
+    print(f"bridge calibration ({bridge.n} state pairs from {len(seqs)} sequences) written to {path}; "
+          f"use it with --decoding local-draft --draft-calibration {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="splitinfer", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
@@ -114,6 +128,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_decoding_args(g)
     g.add_argument("prompt")
     g.set_defaults(func=cmd_generate)
+
+    c = sub.add_parser("draft-calibrate", help="fit local-draft's bridge (head -> body states) on a corpus, once")
+    add_model_args(c)
+    c.add_argument("--corpus", default="chat,code,prose",
+                   help="comma list of corpora (train split; default %(default)s)")
+    c.add_argument("--max-tokens", type=int, default=16000, help="tokens in all (default %(default)s)")
+    c.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (default %(default)s)")
+    c.add_argument("--ridge", type=float, default=30.0, help="ridge penalty in samples (default %(default)s)")
+    c.add_argument("--wire-dtype", default="fp16", choices=["fp16", "fp32", "bf16"],
+                   help="hidden-state dtype on the wire")
+    c.add_argument("--out", required=True, help="output path: writes OUT.safetensors and OUT.json")
+    c.set_defaults(func=cmd_draft_calibrate)
 
     from attacks.cli import register as register_attack
     from benchmarks.cli import register as register_bench

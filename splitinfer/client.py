@@ -187,13 +187,16 @@ class SplitModel:
         positions: list[int],
         parents: list[int] | None = None,
         keep: dict | None = None,
-    ) -> tuple[torch.Tensor, StepTiming]:  # logits (T, V) fp32
+        return_states: bool = False,
+    ) -> tuple:  # (logits (T, V) fp32, timing[, (sent (T, d), received (T, d))])
         """One round trip: head -> cloud body -> tail for ``tokens`` at ``positions``.
 
         ``keep`` ({"prefix", "accepted"}) first commits the accepted path of
         the previous tree step in all three caches; ``parents`` makes the new
         tokens a tree. The caller commits on its side; the body gets ``keep``
         inside this same frame, so a step is exactly one round trip.
+        ``return_states`` adds the hidden states sent (head output) and
+        received (body output, as the tail saw it).
         """
         timing = StepTiming(tokens_sent=len(tokens))
         t0 = time.perf_counter()
@@ -218,6 +221,8 @@ class SplitModel:
         timing.network_ms = ft.network_ms
         timing.bytes_up, timing.bytes_down = ft.bytes_up, ft.bytes_down
         timing.finish(1e3 * (t3 - t0))
+        if return_states:
+            return logits, timing, (hidden[0], back[0])
         return logits, timing
 
     # ------------------------------------------------------------------ generation

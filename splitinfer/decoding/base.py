@@ -3,10 +3,12 @@
 A *proposer* guesses what comes after the context; the verifier
 (:mod:`splitinfer.decoding.verify`) checks the guesses against the model in
 one round trip and keeps the longest correct prefix. Proposers never touch
-the model or the cloud body: they see token ids only, plus (optionally) the
-verifier's :class:`StepFeedback` (the model's greedy prediction at every
-draft node, and the step's timing), which is how Jacobi-style proposers get
-their next iterate.
+the cloud body: they see token ids, plus (optionally) the verifier's
+:class:`StepFeedback` (the model's greedy prediction at every draft node,
+the step's timing and the hidden states it sent and received), which is how
+Jacobi-style proposers get their next iterate. A proposer that declares
+``needs_model`` may also run the client's *local* parts (``env.local``:
+head and tail, with KV caches of its own), as ``local-draft`` does.
 
 A :class:`Draft` is a token tree in parent-array form (see
 :mod:`splitinfer.decoding.tree`): ``parents[i] == -1`` makes node ``i`` a
@@ -26,12 +28,18 @@ import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from splitinfer.decoding.tree import validate_parents
 from splitinfer.errors import SplitInferError
 
+if TYPE_CHECKING:
+    import torch
+
 # Modules imported by make_proposer / list_proposers so that their decorators run.
-PROPOSER_MODULES = ("sequential", "jacobi", "ngram_pool", "lookahead", "prompt_lookup", "suffix", "combined")
+PROPOSER_MODULES = (
+    "sequential", "jacobi", "ngram_pool", "lookahead", "prompt_lookup", "suffix", "local_draft", "combined",
+)
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,22 @@ class Candidate:
     rank: int = 0
 
 
+@dataclass(frozen=True)
+class LocalModules:
+    """The client's own model parts, lent by the verifier to proposers that draft with the model.
+
+    ``head`` and ``tail`` are the :class:`~splitinfer.partition.LocalHead` /
+    :class:`~splitinfer.partition.LocalTail` the verifier runs; a proposer
+    may run them only with KV caches of its own (``head.new_cache()``), never
+    the verifier's, and never reaches the cloud body.
+    """
+
+    head: object  # LocalHead: (1, T) ids -> (1, T, d)
+    tail: object  # LocalTail: (1, T, d) -> (1, T, V) logits
+    num_layers: int
+    model_sha256: str = ""
+
+
 @dataclass
 class DecodingEnv:
     """What a proposer may know about the run (set by the verifier in :meth:`Proposer.begin`)."""
@@ -84,6 +108,7 @@ class DecodingEnv:
     max_new_tokens: int = 128
     rtt_ms: float = 0.0  # the link's emulated RTT (0 on an in-process link)
     bandwidth_mbps: float | None = None  # None = unlimited
+    local: LocalModules | None = None  # the local head/tail (set by the verifier; None when replaying)
 
 
 @dataclass
@@ -96,6 +121,11 @@ class StepFeedback:
     path, root side first. ``root_argmax`` is the greedy token after the
     context's last token. ``sent_nodes`` are the draft nodes actually sent
     (the verifier prunes nodes that could only emit tokens past the budget).
+    ``sent_states`` / ``received_states`` are the hidden states the step sent
+    to the cloud body (head output) and got back (body output, as the tail
+    saw it), one row per position sent: for a decode step row 0 is the
+    context's last token and row ``1 + j`` is draft node ``sent_nodes[j]``;
+    for the prefill, row ``i`` is prompt token ``i``. None when replaying.
     """
 
     draft: Draft
@@ -104,6 +134,19 @@ class StepFeedback:
     root_argmax: int
     timing: object | None = None  # the step's StepTiming
     sent_nodes: list[int] = field(default_factory=list)  # draft nodes the verifier kept and sent
+    sent_states: torch.Tensor | None = None  # (T, d) head output of the positions sent
+    received_states: torch.Tensor | None = None  # (T, d) body output for them
+
+    def committed_rows(self) -> list[int]:
+        """Rows of the states whose tokens are now committed context (fed to the caches for good).
+
+        All rows for the prefill or a step without a draft; else the root and the accepted nodes.
+        """
+        if not len(self.draft):
+            n = 0 if self.sent_states is None else int(self.sent_states.shape[0])
+            return list(range(max(1, n)))
+        row = {node: 1 + j for j, node in enumerate(self.sent_nodes)}
+        return [0] + [row[i] for i in self.accepted_nodes]
 
 
 class Proposer(ABC):
@@ -121,6 +164,9 @@ class Proposer(ABC):
     #: True when the proposer learns from the model's outputs at *rejected* draft nodes (Jacobi
     #: iterates, lookahead windows), so it cannot be replayed without the model.
     learns_from_rejected = False
+    #: True when the proposer drafts by running the local model parts (``env.local``): it cannot be
+    #: replayed without the model, and inside ``combined`` it is handed each step's feedback.
+    needs_model = False
 
     def begin(self, prompt: list[int], env: DecodingEnv) -> None:
         """Start a new generation for ``prompt`` (default: remember the env)."""

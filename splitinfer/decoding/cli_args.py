@@ -7,7 +7,10 @@ import argparse
 from splitinfer.errors import SplitInferError
 
 # flag -> proposer option it sets (None = leave the proposer's default)
-FLAGS = {"draft_budget": "--draft-budget", "ngram": "--ngram", "window": "--window", "pool": "--pool", "block": "--block"}
+FLAGS = {
+    "draft_budget": "--draft-budget", "ngram": "--ngram", "window": "--window", "pool": "--pool", "block": "--block",
+    "calibration": "--draft-calibration", "alternatives": "--alternatives",
+}
 
 
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
@@ -16,12 +19,16 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decoding", default="sequential", choices=list_proposers(),
                    help="proposer whose drafts are verified each round trip (default %(default)s)")
     p.add_argument("--draft-budget", type=int, default=None, metavar="T",
-                   help="max draft tokens per step (prompt-lookup, suffix, combined)")
+                   help="max draft tokens per step (prompt-lookup, suffix, combined, local-draft)")
     p.add_argument("--ngram", type=int, default=None, metavar="N",
                    help="n-gram size (ngram-pool, lookahead) or max match length (prompt-lookup)")
     p.add_argument("--window", type=int, default=None, metavar="W", help="lookahead: Jacobi window width")
     p.add_argument("--pool", type=int, default=None, metavar="G", help="ngram-pool / lookahead: candidates per key")
     p.add_argument("--block", type=int, default=None, metavar="K", help="jacobi: block size")
+    p.add_argument("--draft-calibration", dest="calibration", default=None, metavar="PATH",
+                   help="local-draft: bridge calibration written by `splitinfer draft-calibrate --out PATH`")
+    p.add_argument("--alternatives", type=int, default=None, metavar="K",
+                   help="local-draft: depths that also offer the draft's runner-up token")
     p.add_argument("--decoding-option", action="append", default=[], metavar="KEY=VALUE",
                    help="any other proposer option, e.g. alpha=2 or rtt_ms=80 (repeatable)")
 

@@ -1,7 +1,9 @@
 """``combined``: one de-duplicated token tree from several proposers, sized to pay for itself.
 
 Candidates from the suffix cache (this request and earlier outputs), prompt
-lookup (several recent matches) and the seed's n-gram pool are merged into
+lookup (several recent matches) and the seed's n-gram pool, and on request
+(``sources=...,local-draft``) the local model's own drafts
+(:mod:`.local_draft`, confidences = draft probabilities) are merged into
 one trie (:mod:`splitinfer.decoding.merge`). Every node is scored by the
 estimated probability that its whole path is accepted: the product of
 per-token conditional acceptance rates *observed* for that kind of guess,
@@ -25,7 +27,8 @@ This combination is our own design in the spirit of SpecInfer (Miao et al.
 2024: merged token trees), Sequoia (Chen et al. 2024: trees sized by
 expected acceptance under a hardware cost) and SuffixDecoding (Oliaro et al.
 2024: adaptive speculation length). ``step_ms`` and ``token_ms`` fix the cost
-model instead (reproducible runs).
+model instead (reproducible runs); ``calibration`` is local-draft's bridge
+calibration file.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ from splitinfer.decoding.merge import best_size, merge_candidates, ranked_nodes,
 from splitinfer.errors import SplitInferError
 from splitinfer.timing import OnlineStepCost
 
-SOURCES = ("suffix", "prompt-lookup", "ngram-pool")
+SOURCES = ("suffix", "prompt-lookup", "ngram-pool", "local-draft")
+DEFAULT_SOURCES = ("suffix", "prompt-lookup", "ngram-pool")  # local-draft runs the model: opt in
 _DEPTH_BUCKETS = (1, 2, 3, 5, 9)  # 1, 2, 3-4, 5-8, 9+
 
 
@@ -86,7 +90,7 @@ class Combined(Proposer):
         self,
         *,
         draft_budget: int = 32,
-        sources: str = ",".join(SOURCES),
+        sources: str = ",".join(DEFAULT_SOURCES),
         adaptive: bool = True,
         rtt_ms: float | None = None,
         bandwidth_mbps: float | None = None,
@@ -97,6 +101,7 @@ class Combined(Proposer):
         window: int = 4,
         ngram: int = 4,
         pool: int = 4,
+        calibration: str | None = None,
     ):
         self.budget = check_positive("draft_budget", draft_budget)
         names = [s.strip() for s in str(sources).split(",") if s.strip()]
@@ -112,6 +117,8 @@ class Combined(Proposer):
             "suffix": {"draft_budget": self.budget, "alpha": 4.0, "min_prob": 0.02},
             "prompt-lookup": {"draft_budget": min(self.budget, 16), "candidates": 4},
             "ngram-pool": {"ngram": 5, "pool": 5},
+            "local-draft": {"draft_budget": min(self.budget, 8), "rtt_ms": rtt_ms, "bandwidth_mbps": bandwidth_mbps,
+                            "step_ms": step_ms, "token_ms": token_ms, "calibration": calibration},
         }
         self.sources = {name: make_proposer(name, **sub_opts[name]) for name in names}
         if lookahead not in ("auto", "on", "off"):
@@ -140,6 +147,10 @@ class Combined(Proposer):
     @property
     def learns_from_rejected(self) -> bool:  # only once the lookahead branch has ridden along
         return self.branch_steps > 0
+
+    @property
+    def needs_model(self) -> bool:  # with local-draft among the sources
+        return any(p.needs_model for p in self.sources.values())
 
     def _all(self) -> list[Proposer]:
         return [*self.sources.values(), *([self.lookahead] if self.lookahead else [])]
@@ -177,8 +188,8 @@ class Combined(Proposer):
         return draft
 
     def update(self, context, accepted, feedback: StepFeedback | None = None) -> None:
-        for p in self.sources.values():
-            p.update(context, accepted, None)
+        for p in self.sources.values():  # the feedback's node indices are ours; model drafters read its states
+            p.update(context, accepted, feedback if p.needs_model else None)
         if self.lookahead is not None:
             self.lookahead.update(context, accepted, feedback)  # reads its branch's outputs, if it rode along
         if feedback is None:

@@ -8,7 +8,8 @@ longest draft path that agrees with that output, and tokens per step (tau)
 of a proposer can be computed without the model, step by step exactly as
 :func:`splitinfer.decoding.verify.decode` would (same pruning, same
 feedback for accepted nodes). Proposers that learn from the model's outputs
-at *rejected* nodes (Jacobi iteration, lookahead's window) cannot be
+at *rejected* nodes (Jacobi iteration, lookahead's window) or draft with
+the local model itself (``local-draft``, ``needs_model``) cannot be
 replayed: :func:`replay` refuses them.
 
 Used by the ablation benchmark to sweep many settings cheaply; the benchmark
@@ -53,6 +54,9 @@ def replay(
     """
     if proposer.learns_from_rejected:
         raise SplitInferError(f"proposer {proposer.name!r} learns from the model's outputs and cannot be replayed")
+    if proposer.needs_model:
+        raise SplitInferError(f"proposer {proposer.name!r} drafts with the local model and cannot be replayed without "
+                              "it; measure it with real runs (for combined drop local-draft from its sources)")
     if not output:
         raise SplitInferError("cannot replay an empty output")
     prompt, output = list(prompt), list(output)

@@ -32,11 +32,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from splitinfer.decoding.base import EMPTY, DecodingEnv, Draft, Proposer, StepFeedback
+from splitinfer.decoding.base import EMPTY, DecodingEnv, Draft, LocalModules, Proposer, StepFeedback
 from splitinfer.decoding.tree import depths, path_to
 from splitinfer.timing import StepTiming
 
@@ -184,20 +184,24 @@ def decode(
 
     env = env or DecodingEnv(vocab_size=int(sm.loaded.model.config.vocab_size), eos_ids=frozenset(eos),
                              max_new_tokens=max_new_tokens)
+    if env.local is None:  # lend the local parts to proposers that draft with the model (own caches only)
+        env = replace(env, local=LocalModules(sm.head, sm.tail, sm.loaded.num_layers, sm.loaded.sha256 or ""))
     head_cache, tail_cache = sm.head.new_cache(), sm.tail.new_cache()
     t0 = time.perf_counter()
     proposer.begin(list(prompt_ids), env)
     begin_ms = 1e3 * (time.perf_counter() - t0)
 
     # Prefill: the prompt, plain causal; its last row picks the first token.
-    logits, timing = sm.forward_step(head_cache, tail_cache, list(prompt_ids), list(range(len(prompt_ids))))
+    logits, timing, states = sm.forward_step(head_cache, tail_cache, list(prompt_ids), list(range(len(prompt_ids))),
+                                             return_states=True)
     t0 = time.perf_counter()
     first = choose(logits[-1])
     select_ms = 1e3 * (time.perf_counter() - t0)
     context = list(prompt_ids) + [first]
     n_out, done = 1, first in eos or max_new_tokens <= 1
     t0 = time.perf_counter()
-    proposer.update(list(prompt_ids), [first], StepFeedback(EMPTY, [], [], int(torch.argmax(logits[-1])), timing))
+    proposer.update(list(prompt_ids), [first],
+                    StepFeedback(EMPTY, [], [], int(torch.argmax(logits[-1])), timing, [], *states))
     if done:
         proposer.end(list(prompt_ids), [first])
     _account(timing, begin_ms + 1e3 * (time.perf_counter() - t0), select_ms, 0, 0, 1)
@@ -219,7 +223,8 @@ def decode(
             positions = [base + d for d in depths(parents)]
         else:
             parents, tokens, positions = None, [context[-1]], [base]
-        logits, timing = sm.forward_step(head_cache, tail_cache, tokens, positions, parents, keep)  # (n, V)
+        logits, timing, states = sm.forward_step(head_cache, tail_cache, tokens, positions, parents, keep,
+                                                 return_states=True)  # (n, V), ((n, d), (n, d))
         t0 = time.perf_counter()
         tree_parents = parents or [-1]
         argmax = logits.argmax(dim=-1).tolist()  # (n,)
@@ -243,7 +248,7 @@ def decode(
         # Accepted nodes whose tokens were emitted: past EOS or the budget the model may still agree,
         # but those tokens are not part of the output, so proposers must not learn from them.
         accepted_nodes = [kept[i - 1] for i in path[1 : len(out) + 1]]
-        fb = StepFeedback(draft, node_argmax, accepted_nodes, argmax[0], timing, list(kept))
+        fb = StepFeedback(draft, node_argmax, accepted_nodes, argmax[0], timing, list(kept), *states)
         proposer.update(list(context), list(out), fb)
         context += out
         n_out += len(out)

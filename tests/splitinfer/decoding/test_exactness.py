@@ -155,7 +155,7 @@ def test_real_model_every_proposer_is_exact(real_model):
     sm = SplitModel(real_model, "2,2", wire_dtype="fp32")
     prompts = {"Write a Python function that returns the n-th Fibonacci number.": list_proposers(),
                "Give a JSON object describing a cat with the fields name, age and color.":
-                   ["ngram-pool", "suffix", "combined"]}
+                   ["ngram-pool", "suffix", "combined", "local-draft"]}
     for prompt, names in prompts.items():
         ids = sm.encode_prompt(prompt, chat=True)
         ref = sm.generate(ids, 64, record_logits=True)
