@@ -87,10 +87,18 @@ def plot_pii(rows: list[dict], out: Path) -> Path | None:
     width = 0.8 / len(attacks)
     for i, attack in enumerate(attacks):
         vals = {r["type"]: 100 * r["value"] for r in rows if r["attack"] == attack}
-        ax.bar([t + i * width for t in range(len(types))], [vals.get(t, 0.0) for t in types], width, label=attack)
+        xs = [t + i * width for t in range(len(types))]
+        bars = ax.bar(xs, [vals.get(t, 0.0) for t in types], width, label=attack)
+        for x, t in zip(xs, types):  # tell a real 0% from a type this attacker was not scored on
+            if t not in vals:
+                ax.text(x, 1, "n/a", ha="center", va="bottom", fontsize=6, rotation=90, color="0.4")
+            elif vals[t] == 0:
+                ax.text(x, 1, "0", ha="center", va="bottom", fontsize=7, color=bars[0].get_facecolor())
     ax.set_xticks([t + 0.4 - width / 2 for t in range(len(types))], types, rotation=30, ha="right")
     ax.set_ylabel("PII spans recovered exactly (%)")
     ax.set_ylim(0, 105)
+    ax.text(0.0, -0.32, "n/a: no span of that type in the tokens this attacker was scored on", fontsize=7,
+            transform=ax.transAxes, color="0.4")
     ax.set_title(rows[0].get("title", "PII recovery by type"))
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, axis="y")
@@ -112,7 +120,7 @@ def plot_breakdown(rows: list[dict], out: Path) -> Path | None:
     ax.set_xticks(range(len(rows)), [r["label"] for r in rows], rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("time per step (ms)")
     ax.set_title("Per-step latency breakdown at 80 ms RTT")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: the bars fill the axes
     ax.grid(alpha=0.3, axis="y")
     return _save(fig, out)
 
