@@ -84,8 +84,10 @@ def markdown(study: dict[str, Any]) -> str:
          f"({', '.join(cfg['corpora'])}; {cfg['train_tokens_total']} / {cfg['val_tokens_total']} / "
          f"{cfg['test_tokens_total']} pooled, {cfg['test_documents']} test documents), at most {cfg['max_doc_tokens']} "
          f"tokens per document, sequences of <= {cfg['max_length']}; vocab-match on the first "
-         f"{cfg['vocab_match_tokens'] // 4} tokens of 4 test sequences per corpus (PII corpora: 2 of them cut at "
-         f"{cfg.get('vocab_match_pii_tokens')} tokens instead, to cover PII spans). Hyper-parameter overrides: {cfg['hparams']}. Seed {cfg['seed']}, "
+         f"{cfg['vocab_match_tokens'] // 4} tokens of 4 test sequences per corpus"
+         + (f" (PII corpora: 2 of them cut at {cfg['vocab_match_pii_tokens']} tokens instead, to cover PII spans)"
+            if cfg.get("vocab_match_pii_tokens") else "")
+         + f". Hyper-parameter overrides: {cfg['hparams']}. Seed {cfg['seed']}, "
          f"{cfg['threads']} torch thread(s), device {cfg['device']}. "
          f"Extraction {study['timing']['extract_seconds']} s, "
          f"this run {study['timing']['total_seconds']} s"
