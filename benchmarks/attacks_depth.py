@@ -94,8 +94,9 @@ def job_key(cfg: StudyConfig, job: str) -> str:
     """What one (attack, boundary) job's result depends on: the shared sizes and seeds plus its own options.
 
     Neither the selection of attacks (``attacks``, ``vocab_match_depths``) nor the other attacks' options is
-    part of it, so a rerun with fewer or
-    more attacks, or with one attack's options changed, reuses every other finished job.
+    part of it, so a rerun with fewer or more attacks, or with one attack's options changed, reuses every
+    other finished job. The code version is not part of it either: after changing an attack's code, delete
+    the partial file of an interrupted run (a finished run deletes its own).
     """
     shared = {k: v for k, v in asdict(cfg).items() if k not in ("attacks", "hparams", "vocab_match_depths")}
     text = json.dumps({**shared, "job": job, "hparams": cfg.hparams.get(job, {})}, sort_keys=True, default=str)
