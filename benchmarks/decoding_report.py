@@ -204,6 +204,9 @@ def plot(results: dict, out: Path) -> list[Path]:
     fig.tight_layout()
     paths.append(out / "decoding_tau.png")
     fig.savefig(paths[-1], dpi=110)
+    if not any(" T=" in k or k.startswith(("ngram-pool n=", "lookahead N=")) for k in table):
+        plt.close("all")  # a run without the ablation (--no-ablation): no empty ablation figure
+        return paths
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     budgets = (8, 16, 32, 64)
     for fam in ("prompt-lookup", "suffix", "combined"):
