@@ -7,7 +7,8 @@ forward per corpus and split (:func:`attacks.tapdata.extract_depths`). Every
 attacker is fitted on the pooled training taps of a boundary and scored on the
 pooled held-out test documents (95% bootstrap CIs over documents), with PII
 recovery per type. The seed's MLP protocol (about 880 pairs, random token-level
-split) runs beside the proper one. ``vocab-match`` is scored on the first
+split) runs beside the proper one. ``vocab-match`` tries the same boundary's
+``linear-probe`` top-k first (:data:`JOB_HELPERS`) and is scored on the first
 tokens of the first four test sequences of each corpus (``vocab_match_tokens``
 per corpus; prefixes are valid inputs since sequences start at position 0),
 with longer prefixes (``vocab_match_pii_tokens``) for two sequences of PII
@@ -41,6 +42,7 @@ HEAD_ATTACKS = ("linear-probe", "linear-embed", "mlp", "mlp-seed", "seq-decoder"
 TAIL_ATTACKS = ("output-probe",)
 ALIASES = {"mlp-seed": ("mlp", {"protocol": "seed"})}
 PARTIAL_NAME = "attacks_depth.partial.jsonl"
+JOB_HELPERS = {"vocab-match": ("linear-probe",)}  # attacks whose fitted model another job uses (set_proposer)
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,7 @@ class StudyConfig:
     hparams: dict[str, dict[str, Any]] = field(default_factory=lambda: {
         "linear-probe": {"epochs": 6}, "mlp": {"epochs": 2}, "mlp-seed": {"seed_epochs": 30},
         "seq-decoder": {"epochs": 8}, "output-probe": {"epochs": 6}, "depth-id": {"epochs": 3},
-        "vocab-match": {"random_tokens": 4096, "max_candidates": 16384}})
+        "vocab-match": {"random_tokens": 4096}})
     seed: int = 0
     n_boot: int = 1000
     device: str = "cpu"
@@ -99,7 +101,9 @@ def job_key(cfg: StudyConfig, job: str) -> str:
     the partial file of an interrupted run (a finished run deletes its own).
     """
     shared = {k: v for k, v in asdict(cfg).items() if k not in ("attacks", "hparams", "vocab_match_depths")}
-    text = json.dumps({**shared, "job": job, "hparams": cfg.hparams.get(job, {})}, sort_keys=True, default=str)
+    hparams = {j: cfg.hparams.get(j, {}) for j in (job, *JOB_HELPERS.get(job, ()))}
+    text = json.dumps({**shared, "job": job, "hparams": hparams if len(hparams) > 1 else hparams[job]},
+                      sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -149,6 +153,7 @@ def run_study(cfg: StudyConfig, progress: bool = True, partial: str | Path | Non
              train[heads[0]].n_tokens, val[heads[0]].n_tokens, test[heads[0]].n_tokens)
     vocab = int(loaded.config.vocab_size)
     rows: list[dict[str, Any]] = []
+    fitted: dict[tuple[str, str], Any] = {}  # (boundary, attack) -> fitted helper (JOB_HELPERS)
     jobs = [(b, a) for b in boundaries for a in cfg.attacks if a != "depth-id"]
     for b, name in tqdm(jobs, desc="attacks", unit="fit", disable=not progress):
         recipe, fixed = ALIASES.get(name, (name, {}))
@@ -163,9 +168,18 @@ def run_study(cfg: StudyConfig, progress: bool = True, partial: str | Path | Non
         first_row = len(rows)
         torch.manual_seed(cfg.seed)
         atk = make_attack(recipe, model=loaded, seed=cfg.seed, **{**cfg.hparams.get(name, {}), **fixed})
+        if name == "vocab-match":  # the linear probe's top-k goes first (fitted now if its job was resumed)
+            if (b, "linear-probe") not in fitted:
+                torch.manual_seed(cfg.seed)  # the same probe as its own job fits
+                fitted[(b, "linear-probe")] = make_attack("linear-probe", model=loaded, seed=cfg.seed,
+                                                          **cfg.hparams.get("linear-probe", {})).fit(train[b], val[b])
+                torch.manual_seed(cfg.seed)
+            atk.set_proposer(fitted[(b, "linear-probe")])
         t = time.perf_counter()
         atk.fit(train[b], val[b])
         fit_s = time.perf_counter() - t
+        if name == "linear-probe":
+            fitted[(b, name)] = atk
         prior = train[b].token_ids
         targets = ("both", "next", "current") if name == "output-probe" else (None,)
         data = (scoring_subset(test[b], test_rows, cfg.vocab_match_tokens, cfg.vocab_match_pii_tokens)

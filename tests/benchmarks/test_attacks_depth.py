@@ -87,3 +87,26 @@ def test_vocab_match_only_at_chosen_depths(tmp_path: Path, monkeypatch: pytest.M
         ("linear-embed", "head:1"), ("linear-embed", "head:2"), ("vocab-match", "head:2")]
     md = markdown(study)
     assert "Not scored in this study (CPU budget): head:1" in md
+
+
+def test_vocab_match_tries_the_linear_probe_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vocab-match gets the boundary's linear probe as proposer, fitted on demand; its key covers the probe's options."""
+    from attacks.recipes.vocab_match import VocabMatch
+    from benchmarks.attacks_depth import job_key
+
+    monkeypatch.setenv("SPLITINFER_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "docs.jsonl"
+    path.write_text("\n".join(json.dumps({"doc_id": f"d{i}", "text": f"Note {i}: the fox jumps {i * 31} times."})
+                              for i in range(30)), encoding="utf-8")
+    cfg = StudyConfig(model="tiny-random", head_depths=(1,), tail_layers=(), corpora=(f"file:{path}",),
+                      train_tokens=600, val_tokens=100, test_tokens=200, max_length=32, vocab_match_tokens=16,
+                      attacks=("vocab-match",), hparams=TINY, n_boot=20)
+    given = []
+    real = VocabMatch.set_proposer
+    monkeypatch.setattr(VocabMatch, "set_proposer", lambda self, atk: given.append(atk) or real(self, atk))
+    study = run_study(cfg, progress=False)  # the linear-probe job is not selected: the probe is fitted for it
+    assert [type(a).__name__ for a in given] == ["LinearProbe"] and given[0].fitted
+    assert study["rows"][0]["metrics"]["token_acc_top1"]["value"] == 1.0
+    other = replace(cfg, hparams={**TINY, "linear-probe": {"epochs": 3, "batch_size": 32}})
+    assert job_key(other, "vocab-match") != job_key(cfg, "vocab-match")
+    assert job_key(other, "linear-embed") == job_key(cfg, "linear-embed")

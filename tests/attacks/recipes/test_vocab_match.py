@@ -120,3 +120,24 @@ def test_vocab_match_warns_on_one_token_sequences(tiny, taps, caplog) -> None:
     with caplog.at_level("WARNING", logger="attacks.recipes.vocab_match"):
         attack.invert(test.select_tokens([1, 2, 3]))
     assert "one-token sequences" in caplog.text
+
+
+def test_a_capped_miss_does_not_make_the_rest_of_the_sequence_scan_in_vain(tiny, taps) -> None:
+    """Behind a position the capped scan missed, the prefix is wrong: later positions must not search further."""
+    train, test = split(taps[0]["head:2"])
+    test = test.select_sequences([0])
+    attack = make_attack("vocab-match", model=tiny, proposer="none", batch_sizes=[2], max_candidates=2,
+                         grad_steps=50).fit(train)
+    inv = attack.invert(test)
+    n = test.n_tokens
+    assert inv.info["misses"] >= 1
+    first_miss = int(np.argmin(inv.scores[:, 0] > -attack.hparams["tol"]))  # first position not within tol
+    assert inv.info["after_miss_rate"] == pytest.approx((n - 1 - first_miss) / n)
+    assert inv.info["mean_gradient_steps"] <= 50 * (first_miss + 1) / n  # no gradient search after the miss
+
+
+def test_an_uncapped_scan_never_misses(tiny, taps) -> None:
+    train, test = split(taps[0]["head:2"])
+    inv = make_attack("vocab-match", model=tiny, proposer="none", batch_sizes=[2], grad_steps=0,
+                      max_batch=256).fit(train).invert(test.select_sequences([0]))
+    assert inv.info["misses"] == 0 and inv.info["after_miss_rate"] == 0 and inv.info["accepted_rate"] == 1.0
