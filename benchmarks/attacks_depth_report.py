@@ -91,8 +91,8 @@ def markdown(study: dict[str, Any]) -> str:
          f"{cfg['threads']} torch thread(s), device {cfg['device']}. "
          f"Extraction {study['timing']['extract_seconds']} s, "
          f"this run {study['timing']['total_seconds']} s"
-         + (f" (it resumed {study['timing']['resumed_jobs']} jobs finished by an interrupted run; their fit and invert "
-            "times are in the last table)" if study["timing"].get("resumed_jobs") else "")
+         + (f" (it resumed {study['timing']['resumed_jobs']} jobs from its partial file, "
+            "whose fit and invert times are in the last table)" if study["timing"].get("resumed_jobs") else "")
          + ". Teacher-forced fp16 states of held-out documents "
          "(document-level splits); values are % of tokens with 95% bootstrap CIs over documents.", "",
          "Threat models: white-box = holds the local layers' published weights; shadow = trains on its own "
