@@ -22,6 +22,9 @@ in-process link with an fp32 wire:
    fit (their drafting time does not grow with the tokens sent), and their
    modelled time adds each step's measured drafting time instead.
    ``draft_calibration`` warm-starts their bridge from a calibration file.
+   ``feature-draft`` (and ``combined+feature-draft``) run the same way, with
+   the head trained by ``splitinfer draft-train`` (``draft_head``, default:
+   the cache directory it writes to).
 3. *Ablation* (the seed's section 6.4 on our model): ``ngram-pool`` n = 3..7,
    ``prompt-lookup`` / ``suffix`` / ``combined`` at T in {8, 16, 32, 64}, and
    ``combined`` sized for other costs, by exact replay against the sequential
@@ -170,6 +173,7 @@ def run_decoding_bench(
     proposers: list[str] | None = None,
     tolerance: float = 1e-4,
     draft_calibration: str | None = None,
+    draft_head: str | None = None,
 ) -> dict:
     """Run the whole benchmark and return its results (see the module docstring)."""
     prompts = {c: ps[:prompts_per_category] for c, ps in PROMPTS.items()}
@@ -177,7 +181,7 @@ def run_decoding_bench(
     t_start = time.perf_counter()
     bench.reference()
     wanted = proposers or list_proposers()
-    names = [n for n in wanted if n not in ("sequential", "combined", "local-draft")]
+    names = [n for n in wanted if n not in ("sequential", "combined", "local-draft", "feature-draft")]
     for name in names:
         bench.measure(name, name)
     model = fit(_steps([r for recs in bench.runs.values() for r in recs]), 0.0, None, skip_prefill=False)
@@ -195,6 +199,12 @@ def run_decoding_bench(
         if "combined" in wanted:
             sources = "suffix,prompt-lookup,ngram-pool,local-draft"
             bench.measure("combined+local-draft", "combined", {**combined_opts, **draft_opts, "sources": sources})
+    if "feature-draft" in wanted:
+        head_opts = {"draft_head": draft_head}
+        bench.measure("feature-draft", "feature-draft", {**combined_opts, **head_opts})
+        if "combined" in wanted:
+            sources = "suffix,prompt-lookup,ngram-pool,feature-draft"
+            bench.measure("combined+feature-draft", "combined", {**combined_opts, **head_opts, "sources": sources})
     # Pool every measured step for the final model (combined's steps included).
     all_steps = _steps([r for recs in bench.runs.values() for r in recs])
     model = fit(all_steps, 0.0, None, skip_prefill=False)
@@ -202,6 +212,7 @@ def run_decoding_bench(
         "config": {"model": sm.loaded.spec, "model_sha256": sm.loaded.sha256, "split": str(sm.split),
                    "wire_dtype": "fp32", "max_new_tokens": max_new_tokens, "prompts": prompts,
                    "tolerance": tolerance, "combined_options": combined_opts, "draft_calibration": draft_calibration,
+                   "draft_head": draft_head,
                    "combined_gpu_flat_options": flat_opts},
         "step_model": model.to_dict(),
         "cross_validation": cross_validate(all_steps, 0.0, None, skip_prefill=False),

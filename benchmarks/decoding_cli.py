@@ -23,7 +23,7 @@ def cmd_decoding(args) -> int:
             sm, max_new_tokens=args.max_new_tokens, prompts_per_category=args.prompts_per_category,
             ablation=not args.no_ablation, ablation_prompts=args.ablation_prompts,
             proposers=args.proposers.split(",") if args.proposers else None, tolerance=args.tolerance,
-            draft_calibration=args.draft_calibration,
+            draft_calibration=args.draft_calibration, draft_head=args.draft_head,
         )
         save(results, out)
     table = summarize(results)
@@ -56,6 +56,8 @@ def register(bsub) -> None:
     d.add_argument("--tolerance", type=float, default=1e-4, help="max |logit difference| (default %(default)s)")
     d.add_argument("--draft-calibration", default=None, metavar="PATH",
                    help="warm-start local-draft's bridge (see `splitinfer draft-calibrate`; default: online fit only)")
+    d.add_argument("--draft-head", default=None, metavar="DIR",
+                   help="feature-draft's trained head (see `splitinfer draft-train`; default: its cache directory)")
     d.add_argument("--out", default="reports/decoding", help="directory for decoding.json and plots")
     d.add_argument("--report-only", default=None, metavar="DECODING_JSON",
                    help="rebuild the report, summary.json and plots from an earlier run's decoding.json")

@@ -69,6 +69,7 @@ def summarize(results: dict) -> dict:
             "identical": sum(bool(r["token_identical"]) for r in records),
             "n": len(records),
             "max_logit_diff": max((r["max_logit_diff"] or 0.0) for r in records),
+            "draft_ms_per_step": sum(s.draft_ms for s in dec) / max(1, len(dec)),
         }
         row["tau"]["mean"] = sum(row["tau"][c] for c in cats) / len(cats)
         for rtt in RTTS:
@@ -88,7 +89,8 @@ def targets(table: dict, results: dict) -> dict:
     per-step compute.
     """
     out = {}
-    for label, kind in (("combined", "cpu"), ("combined gpu-flat@80ms", "flat"), ("combined+local-draft", "cpu")):
+    for label, kind in (("combined", "cpu"), ("combined gpu-flat@80ms", "flat"), ("combined+local-draft", "cpu"),
+                        ("combined+feature-draft", "cpu")):
         if label not in table or "ngram-pool" not in table:
             continue
         c, g = table[label]["tau"], table["ngram-pool"]["tau"]
@@ -115,7 +117,7 @@ def targets(table: dict, results: dict) -> dict:
 
 def _order(label: str) -> tuple:
     main = ("sequential", "jacobi", "ngram-pool", "lookahead", "prompt-lookup", "suffix", "combined",
-            "combined gpu-flat@80ms", "local-draft", "combined+local-draft")
+            "combined gpu-flat@80ms", "local-draft", "combined+local-draft", "feature-draft", "combined+feature-draft")
     return (0, main.index(label), "") if label in main else (1, 0, label)
 
 
@@ -157,6 +159,12 @@ def format_report(results: dict) -> str:
         head = ["decoding"] + [h for rtt in RTTS for h in (f"{rtt:g}ms", "")] + (["CPU tok/s meas."] if kind == "cpu"
                                                                                   else [""])
         parts.append(_fmt_table(head, rows))
+    drafters = [(k, r) for k, r in table.items() if not r["replayed"] and any(
+        rec.get("needs_model") for rec in results["runs"][k])]
+    if drafters:
+        parts.append("\n== proposer time per decode step, measured on this CPU (drafting with the local model) ==")
+        parts.append(_fmt_table(["decoding", "draft ms/step", "tokens/step"], [
+            [k, r["draft_ms_per_step"], r["tau"]["mean"]] for k, r in drafters]))
     m, cv = results["step_model"], results["cross_validation"]
     parts.append("\n== step-time model (ms = a + b*T), fitted on all measured decode steps ==")
     parts.append(f"local {m['local'][0]:.2f} + {m['local'][1]:.3f}T; cloud {m['cloud'][0]:.2f} + {m['cloud'][1]:.3f}T;"

@@ -107,6 +107,24 @@ def cmd_draft_calibrate(args) -> int:
     return 0
 
 
+def cmd_draft_train(args) -> int:
+    from splitinfer.decoding.feature_head import default_dir, save_head
+    from splitinfer.decoding.feature_train import draft_train
+
+    loaded = load_for_cli(args)
+    head, meta = draft_train(loaded, tokens=args.tokens, seed=args.seed, hidden=args.hidden, unroll=args.unroll,
+                             steps=args.steps, batch=args.batch, max_new=args.max_new_tokens,
+                             prompt_chars=args.prompt_chars)
+    out = args.out or default_dir(loaded.sha256 or "")
+    path = save_head(head, out, meta)
+    h = meta["heldout"]
+    print(f"feature-draft head ({meta['generated_tokens']} greedy tokens from {meta['prompts']} prompts, "
+          f"{meta['steps']} steps, {meta['timings_s']['total_s']:.0f} s) written to {path}; held-out top-1 per depth "
+          f"{h['top1_per_depth']}, chain {h['chain_per_depth']}; use it with --decoding feature-draft"
+          + ("" if args.out is None else f" --draft-head {out}"))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="splitinfer", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
@@ -140,6 +158,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hidden-state dtype on the wire")
     c.add_argument("--out", required=True, help="output path: writes OUT.safetensors and OUT.json")
     c.set_defaults(func=cmd_draft_calibrate)
+
+    t = sub.add_parser("draft-train", help="train feature-draft's head on the model's own greedy continuations, once")
+    add_model_args(t, split_default=None)
+    t.add_argument("--out", default=None,
+                   help="output directory (default: the splitinfer cache, where --decoding feature-draft looks)")
+    t.add_argument("--tokens", type=int, default=12000, help="greedy tokens to generate (default %(default)s)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--steps", type=int, default=400, help="optimizer steps (default %(default)s)")
+    t.add_argument("--batch", type=int, default=128, help="windows per step (default %(default)s)")
+    t.add_argument("--unroll", type=int, default=4, help="depths unrolled on own features (default %(default)s)")
+    t.add_argument("--hidden", type=int, default=1024, help="MLP width (default %(default)s)")
+    t.add_argument("--max-new-tokens", type=int, default=128, help="continuation length per prompt (default %(default)s)")
+    t.add_argument("--prompt-chars", type=int, default=600, help="max corpus snippet per prompt (default %(default)s)")
+    t.set_defaults(func=cmd_draft_train)
 
     from attacks.cli import register as register_attack
     from benchmarks.cli import register as register_bench

@@ -188,15 +188,16 @@ class SplitModel:
         parents: list[int] | None = None,
         keep: dict | None = None,
         return_states: bool = False,
-    ) -> tuple:  # (logits (T, V) fp32, timing[, (sent (T, d), received (T, d))])
+    ) -> tuple:  # (logits (T, V) fp32, timing[, (sent (T, d), received (T, d), final (T, d))])
         """One round trip: head -> cloud body -> tail for ``tokens`` at ``positions``.
 
         ``keep`` ({"prefix", "accepted"}) first commits the accepted path of
         the previous tree step in all three caches; ``parents`` makes the new
         tokens a tree. The caller commits on its side; the body gets ``keep``
         inside this same frame, so a step is exactly one round trip.
-        ``return_states`` adds the hidden states sent (head output) and
-        received (body output, as the tail saw it).
+        ``return_states`` adds the hidden states sent (head output),
+        received (body output, as the tail saw it) and the tail's final
+        normed states (what the LM head saw).
         """
         timing = StepTiming(tokens_sent=len(tokens))
         t0 = time.perf_counter()
@@ -212,7 +213,8 @@ class SplitModel:
         back, ft = self.remote.forward(sent, positions, parents, keep)  # (1, T, d) wire dtype
         t2 = time.perf_counter()
         back = back.to(device=self.device, dtype=hidden.dtype)
-        logits = self.tail(back, pos, tail_cache, parents)[0]  # (T, V)
+        logits, final = self.tail(back, pos, tail_cache, parents, return_final=True)  # (1, T, V), (1, T, d)
+        logits = logits[0]  # (T, V)
         t3 = time.perf_counter()
         timing.head_ms = 1e3 * (t1 - t0)
         timing.tail_ms = 1e3 * (t3 - t2)
@@ -222,7 +224,7 @@ class SplitModel:
         timing.bytes_up, timing.bytes_down = ft.bytes_up, ft.bytes_down
         timing.finish(1e3 * (t3 - t0))
         if return_states:
-            return logits, timing, (hidden[0], back[0])
+            return logits, timing, (hidden[0], back[0], final[0])
         return logits, timing
 
     # ------------------------------------------------------------------ generation

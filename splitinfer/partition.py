@@ -239,10 +239,18 @@ class LocalTail(_LayerStack):
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
 
     @torch.no_grad()
-    def forward(self, hidden, positions, cache: PartKVCache, parents=None) -> torch.Tensor:
-        """hidden: (1, T, d) from the cloud -> logits (1, T, V) in fp32."""
-        hidden = self.norm(self._run_layers(hidden, positions, cache, parents))
-        logits = self.lm_head(hidden).float()
+    def forward(self, hidden, positions, cache: PartKVCache, parents=None, return_final: bool = False):
+        """hidden: (1, T, d) from the cloud -> logits (1, T, V) in fp32.
+
+        ``return_final`` also returns the final normed states (1, T, d), what the LM head sees.
+        """
+        final = self.norm(self._run_layers(hidden, positions, cache, parents))  # (1, T, d)
+        logits = self.logits(final)
+        return (logits, final) if return_final else logits
+
+    def logits(self, final: torch.Tensor) -> torch.Tensor:
+        """Final normed states (..., d) -> logits (..., V) in fp32 (LM head, then any soft-capping)."""
+        logits = self.lm_head(final).float()
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits

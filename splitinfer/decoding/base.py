@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 
 # Modules imported by make_proposer / list_proposers so that their decorators run.
 PROPOSER_MODULES = (
-    "sequential", "jacobi", "ngram_pool", "lookahead", "prompt_lookup", "suffix", "local_draft", "combined",
+    "sequential", "jacobi", "ngram_pool", "lookahead", "prompt_lookup", "suffix", "local_draft", "feature_draft",
+    "combined",
 )
 
 
@@ -125,7 +126,9 @@ class StepFeedback:
     to the cloud body (head output) and got back (body output, as the tail
     saw it), one row per position sent: for a decode step row 0 is the
     context's last token and row ``1 + j`` is draft node ``sent_nodes[j]``;
-    for the prefill, row ``i`` is prompt token ``i``. None when replaying.
+    for the prefill, row ``i`` is prompt token ``i``. ``final_states`` are
+    the tail's final normed states for the same rows (what the LM head saw;
+    read by ``feature-draft``). None when replaying.
     """
 
     draft: Draft
@@ -136,6 +139,16 @@ class StepFeedback:
     sent_nodes: list[int] = field(default_factory=list)  # draft nodes the verifier kept and sent
     sent_states: torch.Tensor | None = None  # (T, d) head output of the positions sent
     received_states: torch.Tensor | None = None  # (T, d) body output for them
+    final_states: torch.Tensor | None = None  # (T, d) the tail's final normed states for them
+
+    def chooser_row(self, n_emitted: int) -> int:
+        """Row of the states whose logits chose the last of the ``n_emitted`` (>= 1) tokens this step emitted.
+
+        The last row for the prefill or a step without a draft; else the accepted path's node at that depth.
+        """
+        if not len(self.draft):
+            return max(0, (0 if self.sent_states is None else int(self.sent_states.shape[0])) - 1)
+        return self.committed_rows()[n_emitted - 1]
 
     def committed_rows(self) -> list[int]:
         """Rows of the states whose tokens are now committed context (fed to the caches for good).

@@ -165,7 +165,7 @@ def calibrate(sm, sequences: Iterable[Sequence[int]], ridge: float = 30.0, progr
             ids = ids[: sm.max_context]
         sm.remote.open()
         try:
-            _, _, (sent, received) = sm.forward_step(sm.head.new_cache(), sm.tail.new_cache(), ids,
+            _, _, (sent, received, _) = sm.forward_step(sm.head.new_cache(), sm.tail.new_cache(), ids,
                                                      list(range(len(ids))), return_states=True)
         finally:
             sm.remote.close()

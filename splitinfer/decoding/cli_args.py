@@ -9,7 +9,7 @@ from splitinfer.errors import SplitInferError
 # flag -> proposer option it sets (None = leave the proposer's default)
 FLAGS = {
     "draft_budget": "--draft-budget", "ngram": "--ngram", "window": "--window", "pool": "--pool", "block": "--block",
-    "calibration": "--draft-calibration", "alternatives": "--alternatives",
+    "calibration": "--draft-calibration", "alternatives": "--alternatives", "draft_head": "--draft-head",
 }
 
 
@@ -19,7 +19,7 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decoding", default="sequential", choices=list_proposers(),
                    help="proposer whose drafts are verified each round trip (default %(default)s)")
     p.add_argument("--draft-budget", type=int, default=None, metavar="T",
-                   help="max draft tokens per step (prompt-lookup, suffix, combined, local-draft)")
+                   help="max draft tokens per step (prompt-lookup, suffix, combined, local-draft, feature-draft)")
     p.add_argument("--ngram", type=int, default=None, metavar="N",
                    help="n-gram size (ngram-pool, lookahead) or max match length (prompt-lookup)")
     p.add_argument("--window", type=int, default=None, metavar="W", help="lookahead: Jacobi window width")
@@ -27,6 +27,9 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block", type=int, default=None, metavar="K", help="jacobi: block size")
     p.add_argument("--draft-calibration", dest="calibration", default=None, metavar="PATH",
                    help="local-draft: bridge calibration written by `splitinfer draft-calibrate --out PATH`")
+    p.add_argument("--draft-head", dest="draft_head", default=None, metavar="DIR",
+                   help="feature-draft: trained head written by `splitinfer draft-train --out DIR` "
+                        "(default: the cache directory draft-train writes to)")
     p.add_argument("--alternatives", type=int, default=None, metavar="K",
                    help="local-draft: depths that also offer the draft's runner-up token")
     p.add_argument("--decoding-option", action="append", default=[], metavar="KEY=VALUE",

@@ -2,9 +2,9 @@
 
 Candidates from the suffix cache (this request and earlier outputs), prompt
 lookup (several recent matches) and the seed's n-gram pool, and on request
-(``sources=...,local-draft``) the local model's own drafts
-(:mod:`.local_draft`, confidences = draft probabilities) are merged into
-one trie (:mod:`splitinfer.decoding.merge`). Every node is scored by the
+(``sources=...,local-draft`` / ``feature-draft``) the local model's own
+drafts (:mod:`.local_draft`, :mod:`.feature_draft`; confidences = draft
+probabilities) are merged into one trie (:mod:`splitinfer.decoding.merge`). Every node is scored by the
 estimated probability that its whole path is accepted: the product of
 per-token conditional acceptance rates *observed* for that kind of guess,
 keyed by (source, the source's own confidence bucket, depth bucket), with the
@@ -28,7 +28,7 @@ This combination is our own design in the spirit of SpecInfer (Miao et al.
 expected acceptance under a hardware cost) and SuffixDecoding (Oliaro et al.
 2024: adaptive speculation length). ``step_ms`` and ``token_ms`` fix the cost
 model instead (reproducible runs); ``calibration`` is local-draft's bridge
-calibration file.
+calibration file, ``draft_head`` feature-draft's trained head.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ from splitinfer.decoding.merge import best_size, merge_candidates, ranked_nodes,
 from splitinfer.errors import SplitInferError
 from splitinfer.timing import OnlineStepCost
 
-SOURCES = ("suffix", "prompt-lookup", "ngram-pool", "local-draft")
-DEFAULT_SOURCES = ("suffix", "prompt-lookup", "ngram-pool")  # local-draft runs the model: opt in
+SOURCES = ("suffix", "prompt-lookup", "ngram-pool", "local-draft", "feature-draft")
+DEFAULT_SOURCES = ("suffix", "prompt-lookup", "ngram-pool")  # local-draft / feature-draft run the model: opt in
 _DEPTH_BUCKETS = (1, 2, 3, 5, 9)  # 1, 2, 3-4, 5-8, 9+
 
 
@@ -102,6 +102,7 @@ class Combined(Proposer):
         ngram: int = 4,
         pool: int = 4,
         calibration: str | None = None,
+        draft_head: str | None = None,
     ):
         self.budget = check_positive("draft_budget", draft_budget)
         names = [s.strip() for s in str(sources).split(",") if s.strip()]
@@ -119,6 +120,8 @@ class Combined(Proposer):
             "ngram-pool": {"ngram": 5, "pool": 5},
             "local-draft": {"draft_budget": min(self.budget, 8), "rtt_ms": rtt_ms, "bandwidth_mbps": bandwidth_mbps,
                             "step_ms": step_ms, "token_ms": token_ms, "calibration": calibration},
+            "feature-draft": {"draft_budget": min(self.budget, 16), "rtt_ms": rtt_ms, "bandwidth_mbps": bandwidth_mbps,
+                              "step_ms": step_ms, "token_ms": token_ms, "draft_head": draft_head},
         }
         self.sources = {name: make_proposer(name, **sub_opts[name]) for name in names}
         if lookahead not in ("auto", "on", "off"):
@@ -149,7 +152,7 @@ class Combined(Proposer):
         return self.branch_steps > 0
 
     @property
-    def needs_model(self) -> bool:  # with local-draft among the sources
+    def needs_model(self) -> bool:  # with local-draft or feature-draft among the sources
         return any(p.needs_model for p in self.sources.values())
 
     def _all(self) -> list[Proposer]:

@@ -224,7 +224,7 @@ def decode(
         else:
             parents, tokens, positions = None, [context[-1]], [base]
         logits, timing, states = sm.forward_step(head_cache, tail_cache, tokens, positions, parents, keep,
-                                                 return_states=True)  # (n, V), ((n, d), (n, d))
+                                                 return_states=True)  # (n, V), ((n, d),) * 3
         t0 = time.perf_counter()
         tree_parents = parents or [-1]
         argmax = logits.argmax(dim=-1).tolist()  # (n,)

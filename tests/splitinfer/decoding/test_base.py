@@ -3,7 +3,7 @@ import pytest
 from splitinfer.decoding.base import Draft, Proposer, list_proposers, make_proposer, proposer_options, register_proposer
 from splitinfer.errors import SplitInferError
 
-ALL = ["combined", "jacobi", "local-draft", "lookahead", "ngram-pool", "prompt-lookup", "sequential", "suffix"]
+ALL = ["combined", "feature-draft", "jacobi", "local-draft", "lookahead", "ngram-pool", "prompt-lookup", "sequential", "suffix"]
 
 
 def test_draft_validation_and_chain():

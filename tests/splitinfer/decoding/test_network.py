@@ -21,14 +21,15 @@ def server(tiny_dir, tmp_path_factory):
     proc.stop()
 
 
-def test_every_proposer_is_exact_over_the_network(tiny, server):
+def test_every_proposer_is_exact_over_the_network(tiny, server, feature_head_dir):
     local = SplitModel(tiny, "2,2", wire_dtype="fp32")
     remote = SplitModel(tiny, "2,2", cloud=WebSocketLink(server.url, token=TOKEN), wire_dtype="fp32")
     prompt = "the cat sat on the mat. the cat sat on the mat. the cat"
     ref = local.generate(prompt, 32, record_logits=True, stop_on_eos=False)
     for name in list_proposers():
         got = remote.generate(prompt, 32, record_logits=True, stop_on_eos=False, decoding=name,
-                              decoding_options=OPTIONS.get(name))
+                              decoding_options={**OPTIONS.get(name, {}), **({"draft_head": str(feature_head_dir)}
+                                                                             if name == "feature-draft" else {})})
         assert got.token_ids == ref.token_ids, name
         assert (torch.stack(got.logits) - torch.stack(ref.logits)).abs().max() <= 1e-4, name
     remote.close()

@@ -1,0 +1,153 @@
+"""feature-draft: exactness, the final states it drafts from, training files and their errors, combined, options."""
+
+import json
+
+import pytest
+import torch
+
+from splitinfer.cli import main
+from splitinfer.client import SplitModel
+from splitinfer.decoding.base import DecodingEnv, Draft, StepFeedback, make_proposer
+from splitinfer.decoding.feature_draft import FeatureDraft
+from splitinfer.decoding.feature_head import FeatureHead, head_files, load_head, save_head
+from splitinfer.decoding.replay import replay
+from splitinfer.errors import SplitInferError
+from splitinfer.models import load_model
+
+PROMPTS = ["the cat sat on the mat. the cat sat on the mat. the cat", "def f(x):\n    return x\ndef g(x):", "Hello"]
+WITH_HEAD = "suffix,prompt-lookup,ngram-pool,feature-draft"
+
+
+@pytest.fixture(scope="module")
+def sm(tiny):
+    return SplitModel(tiny, "2,2", wire_dtype="fp32")
+
+
+def check_same(res, ref):
+    assert res.token_ids == ref.token_ids
+    assert (torch.stack(res.logits) - torch.stack(ref.logits)).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("name,options", [
+    ("feature-draft", {}),
+    ("feature-draft", {"adaptive": False, "draft_budget": 6, "topk": 2, "beam": 2, "max_depth": 4, "min_prob": 0.0}),
+    ("combined", {"sources": WITH_HEAD}),
+])
+def test_token_identical_to_sequential(sm, feature_head_dir, name, options):
+    proposer = make_proposer(name, draft_head=str(feature_head_dir), **options)  # one instance across prompts
+    drafted = 0
+    for prompt in PROMPTS[:2]:
+        ref = sm.generate(prompt, 24, record_logits=True, stop_on_eos=False)
+        res = sm.generate(prompt, 24, record_logits=True, stop_on_eos=False, decoding=proposer)
+        check_same(res, ref)
+        drafted += sum(s.draft_tokens for s in res.steps)
+    assert drafted > 0
+
+
+def test_it_drafts_from_the_state_that_chose_the_newest_token(sm, feature_head_dir):
+    """The row it keeps is the one whose LM-head logits picked the last emitted token (greedy)."""
+    seen = []
+
+    class Watched(FeatureDraft):
+        def update(self, context, accepted, feedback=None):
+            super().update(context, accepted, feedback)
+            seen.append((int(self.tail.logits(self._feat).argmax()), accepted[-1], len(feedback.draft)))
+
+    p = Watched(draft_head=str(feature_head_dir), adaptive=False, min_prob=0.0)
+    sm.generate(PROMPTS[0], 30, stop_on_eos=False, decoding=p)
+    assert all(a == b for a, b, _ in seen) and any(n for _, _, n in seen)
+
+
+def test_chooser_row_pure():
+    d = Draft((5, 6, 7), (-1, 0, -1))
+    fb = StepFeedback(d, [6, 9, 1], [0, 1], 5, None, [0, 1, 2], torch.zeros(4, 2))
+    assert fb.chooser_row(3) == 2 and fb.chooser_row(1) == 0  # rows: root, node 0, node 1, node 2
+    prefill = StepFeedback(Draft(), [], [], 3, None, [], torch.zeros(7, 2))
+    assert prefill.chooser_row(1) == 6
+
+
+def test_train_save_load_round_trip(feature_head_dir, tiny):
+    head, info = load_head(feature_head_dir, {"model_sha256": tiny.sha256, "hidden_size": 64})
+    assert info["model_sha256"] == tiny.sha256 and info["vocab_size"] == 259 and info["mlp_hidden"] == 32
+    assert len(info["heldout"]["top1_per_depth"]) == 6 and info["steps"] == 6 and info["generated_tokens"] > 0
+    assert info["corpus_split"] == "train"
+    head2, _ = load_head(head_files(feature_head_dir)[0])  # the .safetensors path works too
+    x, e = torch.randn(3, 64), torch.randn(3, 64)
+    assert torch.equal(head(x, e), head2(x, e))
+
+
+def test_wrong_model_corrupt_or_missing_files_are_one_line_errors(feature_head_dir, tmp_path):
+    other = SplitModel(load_model("tiny-random", seed=1), "2,2", wire_dtype="fp32")  # same dims, other weights
+    with pytest.raises(SplitInferError, match="was made for model_sha256=") as e:
+        other.generate("x", 3, decoding="feature-draft", decoding_options={"draft_head": str(feature_head_dir)})
+    assert "\n" not in str(e.value)
+    st, js = head_files(tmp_path)
+    save_head(FeatureHead(64, 8), tmp_path, {"model_sha256": "abc", "vocab_size": 259})
+    st.write_bytes(st.read_bytes()[:40])  # truncated
+    with pytest.raises(SplitInferError, match="not a readable safetensors file") as e:
+        load_head(tmp_path)
+    assert "\n" not in str(e.value)
+    save_head(FeatureHead(64, 8), tmp_path, {})
+    js.write_text(json.dumps({**json.loads(js.read_text()), "mlp_hidden": 9}))
+    with pytest.raises(SplitInferError, match="wrong names or shapes"):
+        load_head(tmp_path)
+    js.write_text("{not json")
+    with pytest.raises(SplitInferError, match="not a readable feature-draft config"):
+        load_head(tmp_path)
+    with pytest.raises(SplitInferError, match="no trained feature-draft head"):
+        load_head(tmp_path / "nowhere")
+    with pytest.raises(SplitInferError, match="hidden_size=64, not 32"):
+        load_head(feature_head_dir, {"hidden_size": 32})
+
+
+@pytest.mark.parametrize("options,match", [
+    ({"draft_budget": 0}, "draft_budget must be an integer >= 1"),
+    ({"topk": 0}, "topk must be an integer >= 1"),
+    ({"min_prob": 1.5}, r"min_prob must be a number in \[0, 1\)"),
+    ({"draft_head": 3}, "draft_head must be a directory path"),
+    ({"step_ms": 10.0}, "both step_ms and token_ms"),
+    ({"window": 3}, "does not take option"),
+])
+def test_bad_options_are_named(options, match):
+    with pytest.raises(SplitInferError, match=match):
+        make_proposer("feature-draft", **options)
+
+
+def test_it_cannot_be_replayed_or_run_without_the_local_model():
+    env = DecodingEnv(vocab_size=50)
+    for p in (make_proposer("feature-draft"), make_proposer("combined", sources=WITH_HEAD)):
+        with pytest.raises(SplitInferError, match="local model"):
+            replay(p, [1, 2, 3], [4, 5, 6], 3, env)
+    with pytest.raises(SplitInferError, match="model's own states"):
+        make_proposer("feature-draft").begin([1, 2], env)
+
+
+def test_cli_train_then_generate(tmp_path, capsys):
+    out = tmp_path / "head"
+    assert main(["draft-train", "--model", "tiny-random", "--out", str(out), "--tokens", "24", "--steps", "2",
+                 "--batch", "8", "--hidden", "16", "--max-new-tokens", "8", "--prompt-chars", "30"]) == 0
+    assert "held-out top-1 per depth" in capsys.readouterr().out
+    rc = main(["generate", "--model", "tiny-random", "--max-new-tokens", "12", "--decoding", "feature-draft",
+               "--draft-head", str(out), "--wire-dtype", "fp32", "--json", "ab ab ab ab"])
+    assert rc == 0
+    s = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert s["decoding"] == "feature-draft" and s["new_tokens"] == 12
+    assert main(["generate", "--model", "tiny-random", "--decoding", "feature-draft", "--draft-head",
+                 str(tmp_path / "none"), "x"]) == 2
+    assert "no trained feature-draft head" in capsys.readouterr().err
+
+
+@pytest.mark.real_model
+def test_real_model_feature_draft_and_combined_with_it_are_exact(real_model):
+    """Default model, split 2,2, fp32 wire, one chat prompt, 48 tokens; needs `splitinfer draft-train` run once."""
+    from splitinfer.decoding.feature_head import default_dir
+
+    if not head_files(default_dir(real_model.sha256))[1].exists():
+        pytest.skip("no trained feature-draft head for the default model (run `splitinfer draft-train`)")
+    sm = SplitModel(real_model, "2,2", wire_dtype="fp32")
+    ids = sm.encode_prompt("Write a Python function that checks whether a number is prime.", chat=True)
+    ref = sm.generate(ids, 48, record_logits=True)
+    for name, options in (("feature-draft", {}), ("combined", {"sources": WITH_HEAD})):
+        res = sm.generate(ids, 48, record_logits=True, decoding=make_proposer(name, **options))
+        check_same(res, ref)
+        assert len(res.steps) < len(ref.steps)
