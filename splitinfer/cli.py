@@ -109,12 +109,13 @@ def cmd_draft_calibrate(args) -> int:
 
 def cmd_draft_train(args) -> int:
     from splitinfer.decoding.feature_head import default_dir, save_head
-    from splitinfer.decoding.feature_train import draft_train
+    from splitinfer.decoding.feature_train import draft_train, read_prompt_file
 
     loaded = load_for_cli(args)
     head, meta = draft_train(loaded, tokens=args.tokens, seed=args.seed, hidden=args.hidden, unroll=args.unroll,
                              steps=args.steps, batch=args.batch, max_new=args.max_new_tokens,
-                             prompt_chars=args.prompt_chars)
+                             prompt_chars=args.prompt_chars, gen_batch=args.gen_batch,
+                             prompt_texts=read_prompt_file(args.prompts_file) if args.prompts_file else None)
     out = args.out or default_dir(loaded.sha256 or "")
     path = save_head(head, out, meta)
     h = meta["heldout"]
@@ -171,6 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--hidden", type=int, default=1024, help="MLP width (default %(default)s)")
     t.add_argument("--max-new-tokens", type=int, default=128, help="continuation length per prompt (default %(default)s)")
     t.add_argument("--prompt-chars", type=int, default=600, help="max corpus snippet per prompt (default %(default)s)")
+    t.add_argument("--prompts-file", default=None,
+                   help="JSONL of {\"text\": ...} user messages to continue instead of corpus snippets")
+    t.add_argument("--gen-batch", type=int, default=16,
+                   help="prompts generated at once (default %(default)s; raise it on a GPU)")
     t.set_defaults(func=cmd_draft_train)
 
     from attacks.cli import register as register_attack

@@ -3,7 +3,8 @@
 1. *Prompts* from the project's corpora, TRAIN split only (:mod:`attacks.corpora`:
    prose, code, chat, pii): a random snippet of a document wrapped in the
    chat template with a varied instruction (continue, explain, summarise,
-   convert to JSON / CSV / a table, answer, reply...). The benchmark prompts
+   convert to JSON / CSV / a table, answer, reply...); or the user's own
+   (``--prompts-file``: JSONL of ``{"text": ...}``). The benchmark prompts
    (:mod:`benchmarks.prompts`) are never used, so the decoding benchmark
    measures the head on prompts it has not seen.
 2. *Greedy continuations* of those prompts by the model itself, batched
@@ -58,8 +59,8 @@ INSTRUCTIONS = {
 }
 
 
-def train_prompts(tokenizer, n: int, seed: int, max_chars: int = 600) -> list[list[int]]:
-    """``n`` chat-template prompts from snippets of the corpora's train split, round-robin over :data:`CORPORA`."""
+def train_prompt_texts(tokenizer, n: int, seed: int, max_chars: int = 600) -> list[str]:
+    """``n`` user messages from snippets of the corpora's train split, round-robin over :data:`CORPORA`."""
     from attacks.corpora import load_corpus
 
     rng = random.Random(seed)
@@ -71,11 +72,44 @@ def train_prompts(tokenizer, n: int, seed: int, max_chars: int = 600) -> list[li
         start = rng.randrange(max(1, len(doc) - max_chars // 2))
         snippet = doc[start : start + rng.randint(max_chars // 4, max_chars)].strip() or doc[:max_chars]
         instr = rng.choice(INSTRUCTIONS[corpus])
-        text = instr.format(text=snippet) if "{text}" in instr else f"{instr}\n\n{snippet}"
+        out.append(instr.format(text=snippet) if "{text}" in instr else f"{instr}\n\n{snippet}")
+    return out
+
+
+def chat_prompts(tokenizer, texts: list[str]) -> list[list[int]]:
+    """Each text as one user turn in the model's chat template, ready for the assistant's answer."""
+    out = []
+    for text in texts:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                             tokenize=True, return_dict=False)
         out.append(list(ids["input_ids"] if isinstance(ids, dict) else ids))
     return out
+
+
+def read_prompt_file(path: str) -> list[str]:
+    """User messages from a JSONL file (one ``{"text": ...}`` object per line), e.g. prompts of your own domain."""
+    import json
+    from pathlib import Path
+
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise SplitInferError(f"cannot read prompts file {path}: {e.strerror or e}") from None
+    texts = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            raise SplitInferError(f"prompts file {path}, line {i}: not JSON (want one {{\"text\": ...}} per line)") \
+                from None
+        if not isinstance(rec, dict) or not isinstance(rec.get("text"), str) or not rec["text"].strip():
+            raise SplitInferError(f"prompts file {path}, line {i}: want an object with a non-empty \"text\" string")
+        texts.append(rec["text"])
+    if not texts:
+        raise SplitInferError(f"prompts file {path} holds no prompts")
+    return texts
 
 
 @torch.no_grad()
@@ -147,7 +181,7 @@ def train_head(data: dict, emb, lm_head, *, hidden: int, unroll: int, steps: int
     feats, tokens, labels, starts = data["feats"], data["tokens"], data["labels"], data["starts"]
     if len(starts) == 0:
         raise SplitInferError("no training windows: give more --tokens (sequences are shorter than the unroll)")
-    head = FeatureHead(feats.shape[1], hidden)
+    head = FeatureHead(feats.shape[1], hidden).to(feats.device)
     opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0)
     warm = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -172,11 +206,11 @@ def train_head(data: dict, emb, lm_head, *, hidden: int, unroll: int, steps: int
 def agreement(head: FeatureHead, data: dict, emb, lm_head, depth: int, batch: int = 256) -> dict:
     """Held-out top-1 agreement with the model's greedy token per depth, and chain agreement (all depths <= j)."""
     starts = data["starts"]
-    hit = torch.zeros(depth)
-    chain = torch.zeros(depth)
+    hit = torch.zeros(depth, device=starts.device)
+    chain = torch.zeros(depth, device=starts.device)
     for k in range(0, len(starts), batch):
         pick = starts[k : k + batch]
-        ok = torch.ones(len(pick), dtype=torch.bool)
+        ok = torch.ones(len(pick), dtype=torch.bool, device=starts.device)
         for j, (logits, _) in enumerate(unrolled_logits(head, lm_head, data["feats"], data["tokens"], emb, pick,
                                                         depth)):
             right = logits.argmax(-1) == data["labels"][pick + j]  # (B,)
@@ -200,9 +234,13 @@ def flatten(items: list[tuple[torch.Tensor, torch.Tensor, list[int], int]]) -> d
 
 def draft_train(loaded, *, tokens: int = 12000, seed: int = 0, hidden: int = 1024, unroll: int = 4,
                 steps: int = 400, batch: int = 128, lr: float = 1e-3, reg_weight: float = 0.2, max_new: int = 128,
-                gen_batch: int = 16, eval_depth: int = 6, prompt_chars: int = 600,
+                gen_batch: int = 16, eval_depth: int = 6, prompt_chars: int = 600, prompt_texts: list[str] | None = None,
                 progress: bool = True) -> tuple[FeatureHead, dict]:
-    """The whole recipe (module docstring) on a :class:`~splitinfer.models.LoadedModel`; returns (head, meta)."""
+    """The whole recipe (module docstring) on a :class:`~splitinfer.models.LoadedModel`; returns (head, meta).
+
+    ``prompt_texts``: user messages to continue instead of corpus snippets (cycled to the number of prompts
+    ``tokens`` needs). Runs on the model's device (data, head and optimizer); the head comes back on the CPU.
+    """
     from splitinfer.client import _eos_ids
 
     if tokens < 1 or steps < 1 or unroll < 1 or hidden < 1 or batch < 1 or max_new < 2:
@@ -213,7 +251,11 @@ def draft_train(loaded, *, tokens: int = 12000, seed: int = 0, hidden: int = 102
     eos = set(_eos_ids(loaded))
     timings, t0 = {}, time.perf_counter()
     n_prompts = max(2, math.ceil(tokens / (0.75 * max_new)))  # some continuations stop early at EOS
-    prompts = train_prompts(tok, n_prompts, seed, prompt_chars)
+    if prompt_texts is None:
+        texts = train_prompt_texts(tok, n_prompts, seed, prompt_chars)
+    else:
+        texts = [prompt_texts[i % len(prompt_texts)] for i in range(n_prompts)]
+    prompts = chat_prompts(tok, texts)
     pairs = greedy_continuations(model, tok, prompts, max_new, gen_batch, eos)
     timings["generate_s"] = time.perf_counter() - t0
     t1 = time.perf_counter()
@@ -231,6 +273,9 @@ def draft_train(loaded, *, tokens: int = 12000, seed: int = 0, hidden: int = 102
     held_data = flatten([item(i) for i in held])
     held_data["starts"] = windows(held_data["lengths"], [len(pairs[i][0]) for i in held], eval_depth)
     emb = model.get_input_embeddings()
+    dev = emb.weight.device
+    for data in (train_data, held_data):
+        data.update({k: v.to(dev) for k, v in data.items() if isinstance(v, torch.Tensor)})
     w = model.lm_head.weight.detach().float()  # (V, d) frozen
     softcap = getattr(model.config, "final_logit_softcapping", None)
 
@@ -251,11 +296,12 @@ def draft_train(loaded, *, tokens: int = 12000, seed: int = 0, hidden: int = 102
     meta = {
         "model": loaded.spec, "model_sha256": loaded.sha256 or "", "vocab_size": int(w.shape[0]),
         "seed": seed, "unroll": unroll, "steps": steps, "batch": batch, "lr": lr, "reg_weight": reg_weight,
-        "corpora": list(CORPORA), "corpus_split": "train", "prompts": len(prompts),
+        "prompt_source": "corpora train split" if prompt_texts is None else "prompts file",
+        "corpora": list(CORPORA) if prompt_texts is None else [], "corpus_split": "train", "prompts": len(prompts),
         "generated_tokens": sum(len(g) for _, g in pairs), "train_sequences": len(train),
         "train_positions": int(train_data["feats"].shape[0]), "train_windows": len(train_data["starts"]),
         "heldout_sequences": len(held), "max_new_tokens": max_new, "heldout": held_out,
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
     }
     log.info("feature head: held-out top-1 per depth %s", held_out["top1_per_depth"])
-    return head, meta
+    return head.cpu(), meta

@@ -137,6 +137,26 @@ def test_cli_train_then_generate(tmp_path, capsys):
     assert "no trained feature-draft head" in capsys.readouterr().err
 
 
+def test_cli_trains_on_a_prompts_file_and_names_bad_ones(tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"text": "Write a haiku about the sea."}\n\n{"text": "List three primes."}\n')
+    out = tmp_path / "head"
+    assert main(["draft-train", "--model", "tiny-random", "--out", str(out), "--tokens", "24", "--steps", "2",
+                 "--batch", "8", "--hidden", "16", "--max-new-tokens", "8", "--prompts-file", str(prompts)]) == 0
+    info = json.loads((out / "feature_draft.json").read_text())
+    assert info["prompt_source"] == "prompts file" and info["corpora"] == [] and info["prompts"] >= 2
+    capsys.readouterr()
+    for text, match in [("not json\n", "line 1: not JSON"), ('{"text": ""}\n', 'non-empty "text"'),
+                        ("\n", "holds no prompts")]:
+        prompts.write_text(text)
+        assert main(["draft-train", "--model", "tiny-random", "--out", str(out), "--tokens", "8",
+                     "--prompts-file", str(prompts)]) == 2
+        err = capsys.readouterr().err
+        assert match in err and "Traceback" not in err
+    assert main(["draft-train", "--model", "tiny-random", "--prompts-file", str(tmp_path / "missing.jsonl")]) == 2
+    assert "cannot read prompts file" in capsys.readouterr().err
+
+
 @pytest.mark.real_model
 def test_real_model_feature_draft_and_combined_with_it_are_exact(real_model):
     """Default model, split 2,2, fp32 wire, one chat prompt, 48 tokens; needs `splitinfer draft-train` run once."""
