@@ -144,7 +144,8 @@ def test_cli_trains_on_a_prompts_file_and_names_bad_ones(tmp_path, capsys):
     assert main(["draft-train", "--model", "tiny-random", "--out", str(out), "--tokens", "24", "--steps", "2",
                  "--batch", "8", "--hidden", "16", "--max-new-tokens", "8", "--prompts-file", str(prompts)]) == 0
     info = json.loads((out / "feature_draft.json").read_text())
-    assert info["prompt_source"] == "prompts file" and info["corpora"] == [] and info["prompts"] >= 2
+    assert info["prompt_source"] == "prompts file" and info["corpora"] == [] and info["corpus_split"] is None
+    assert info["prompts"] >= 2
     capsys.readouterr()
     for text, match in [("not json\n", "line 1: not JSON"), ('{"text": ""}\n', 'non-empty "text"'),
                         ("\n", "holds no prompts")]:
