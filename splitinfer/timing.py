@@ -257,3 +257,36 @@ class OnlineStepCost:
         ba, bb = linfit(t, [s[2] for s in self.samples], slope_prior=sum(s[2] for s in self.samples) / sum(t))
         fixed = self.rtt_ms + max(0.0, a) + transfer_ms(max(0.0, ba), self.bandwidth_mbps)
         return fixed, b + transfer_ms(max(0.0, bb), self.bandwidth_mbps)
+
+
+class StepCostModel:
+    """A proposer's step-time model ``t(T) = fixed + per_token * T``: fixed, or learned by :class:`OnlineStepCost`.
+
+    ``step_ms`` and ``token_ms`` (both or neither) fix it, for reproducible runs; otherwise it is fitted online
+    from the steps observed, at the target RTT and bandwidth (``rtt_ms`` / ``bandwidth_mbps``, default: the
+    run's link, given to :meth:`begin`). The one cost model of ``combined``, ``local-draft`` and ``feature-draft``.
+    """
+
+    def __init__(self, rtt_ms: float | None = None, bandwidth_mbps: float | None = None,
+                 step_ms: float | None = None, token_ms: float | None = None):
+        if (step_ms is None) != (token_ms is None):
+            from splitinfer.errors import SplitInferError
+
+            raise SplitInferError("give both step_ms and token_ms (a fixed cost model) or neither")
+        self.rtt_ms, self.bandwidth_mbps = rtt_ms, bandwidth_mbps
+        self.fixed = None if step_ms is None else (float(step_ms), float(token_ms))
+        self.online = OnlineStepCost(rtt_ms or 0.0, bandwidth_mbps)
+
+    def begin(self, link_rtt_ms: float, link_bandwidth_mbps: float | None) -> None:
+        """A new request: forget the online fit; the target network defaults to the run's link."""
+        rtt = link_rtt_ms if self.rtt_ms is None else self.rtt_ms
+        bw = link_bandwidth_mbps if self.bandwidth_mbps is None else self.bandwidth_mbps
+        self.online = OnlineStepCost(rtt, bw)
+
+    def observe(self, timing: StepTiming | None) -> None:
+        if timing is not None and self.fixed is None:
+            self.online.observe(timing)
+
+    def coefficients(self) -> tuple[float, float]:
+        """(fixed_ms, per_token_ms)."""
+        return self.fixed if self.fixed is not None else self.online.coefficients()

@@ -45,7 +45,7 @@ from splitinfer.decoding.base import (
 from splitinfer.decoding.lookahead import Lookahead
 from splitinfer.decoding.merge import best_size, merge_candidates, ranked_nodes, select
 from splitinfer.errors import SplitInferError
-from splitinfer.timing import OnlineStepCost
+from splitinfer.timing import StepCostModel
 
 SOURCES = ("suffix", "prompt-lookup", "ngram-pool", "local-draft", "feature-draft")
 DEFAULT_SOURCES = ("suffix", "prompt-lookup", "ngram-pool")  # local-draft / feature-draft run the model: opt in
@@ -109,11 +109,8 @@ class Combined(Proposer):
         bad = [s for s in names if s not in SOURCES]
         if not names or bad:
             raise SplitInferError(f"combined sources must be a comma list from {', '.join(SOURCES)}; got {sources!r}")
-        if (step_ms is None) != (token_ms is None):
-            raise SplitInferError("give both step_ms and token_ms (a fixed cost model) or neither")
         self.adaptive, self.decay = bool(adaptive), float(decay)
-        self.rtt_ms, self.bandwidth_mbps = rtt_ms, bandwidth_mbps
-        self.fixed_cost = None if step_ms is None else (float(step_ms), float(token_ms))
+        self.cost = StepCostModel(rtt_ms, bandwidth_mbps, step_ms, token_ms)
         sub_opts = {
             "suffix": {"draft_budget": self.budget, "alpha": 4.0, "min_prob": 0.02},
             "prompt-lookup": {"draft_budget": min(self.budget, 16), "candidates": 4},
@@ -137,9 +134,7 @@ class Combined(Proposer):
         super().begin(prompt, env)
         for p in self._all():
             p.begin(prompt, env)
-        rtt = env.rtt_ms if self.rtt_ms is None else self.rtt_ms
-        bw = env.bandwidth_mbps if self.bandwidth_mbps is None else self.bandwidth_mbps
-        self.cost = OnlineStepCost(rtt, bw)
+        self.cost.begin(env.rtt_ms, env.bandwidth_mbps)
 
     def candidates(self, context: list[int]) -> list[Candidate]:
         out: list[Candidate] = []
@@ -170,7 +165,7 @@ class Combined(Proposer):
         return self.stats.estimate(cand.source, conf, k + 1)
 
     def coefficients(self) -> tuple[float, float]:
-        return self.fixed_cost if self.fixed_cost is not None else self.cost.coefficients()
+        return self.cost.coefficients()
 
     def propose(self, context: list[int]) -> Draft:
         cands = self.candidates(context)
@@ -197,8 +192,7 @@ class Combined(Proposer):
             self.lookahead.update(context, accepted, feedback)  # reads its branch's outputs, if it rode along
         if feedback is None:
             return
-        if feedback.timing is not None and self.fixed_cost is None:
-            self.cost.observe(feedback.timing)
+        self.cost.observe(feedback.timing)
         draft, ok, sent = feedback.draft, set(feedback.accepted_nodes), set(feedback.sent_nodes)
         trials: list[tuple[tuple, bool]] = []
         for i, origins in enumerate(self._origins):

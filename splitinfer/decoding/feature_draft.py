@@ -62,7 +62,7 @@ from splitinfer.decoding.combined import AcceptanceStats
 from splitinfer.decoding.feature_head import default_dir, load_head
 from splitinfer.decoding.merge import best_size, merge_candidates, ranked_nodes, select
 from splitinfer.errors import SplitInferError
-from splitinfer.timing import OnlineStepCost
+from splitinfer.timing import StepCostModel
 
 SOURCE = "feature-draft"
 
@@ -97,11 +97,8 @@ class FeatureDraft(Proposer):
             raise SplitInferError(f"option min_prob must be a number in [0, 1), got {min_prob!r}")
         if draft_head is not None and not isinstance(draft_head, str):
             raise SplitInferError(f"option draft_head must be a directory path, got {draft_head!r}")
-        if (step_ms is None) != (token_ms is None):
-            raise SplitInferError("give both step_ms and token_ms (a fixed cost model) or neither")
         self.path, self.min_prob, self.adaptive = draft_head, float(min_prob), bool(adaptive)
-        self.rtt_ms, self.bandwidth_mbps = rtt_ms, bandwidth_mbps
-        self.fixed_cost = None if step_ms is None else (float(step_ms), float(token_ms))
+        self.cost = StepCostModel(rtt_ms, bandwidth_mbps, step_ms, token_ms)
         self.decay = float(decay)
         self._key: tuple | None = None
         self.head = None
@@ -131,9 +128,7 @@ class FeatureDraft(Proposer):
             self._key, self.stats = key, AcceptanceStats(decay=self.decay)
         self._feat, self._n, self._last = None, -1, []
         self._prompt_len = len(prompt)
-        rtt = env.rtt_ms if self.rtt_ms is None else self.rtt_ms
-        bw = env.bandwidth_mbps if self.bandwidth_mbps is None else self.bandwidth_mbps
-        self.cost = OnlineStepCost(rtt, bw)
+        self.cost.begin(env.rtt_ms, env.bandwidth_mbps)
 
     def end(self, prompt, output) -> None:
         self._feat, self._n, self._last = None, -1, []
@@ -208,7 +203,7 @@ class FeatureDraft(Proposer):
         return self.stats.estimate(cand.source, cand.conf[k], k + 1)
 
     def coefficients(self) -> tuple[float, float]:
-        return self.fixed_cost if self.fixed_cost is not None else self.cost.coefficients()
+        return self.cost.coefficients()
 
     def propose(self, context: list[int]) -> Draft:
         cands = self.candidates(context)
@@ -229,8 +224,7 @@ class FeatureDraft(Proposer):
         if feedback is None or feedback.final_states is None:
             raise SplitInferError(f"decoding {self.name!r} needs the verifier's final states "
                                   "(StepFeedback.final_states); it only runs under the verifier, not in a replay")
-        if feedback.timing is not None and self.fixed_cost is None:
-            self.cost.observe(feedback.timing)
+        self.cost.observe(feedback.timing)
         row = feedback.chooser_row(len(accepted))
         self._feat = feedback.final_states[row].detach().float()  # (d,)
         self._n = len(context) + len(accepted)

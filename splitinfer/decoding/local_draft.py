@@ -57,7 +57,7 @@ from splitinfer.decoding.bridge import RidgeBridge
 from splitinfer.decoding.combined import AcceptanceStats
 from splitinfer.decoding.merge import best_size, merge_candidates, ranked_nodes, select
 from splitinfer.errors import SplitInferError
-from splitinfer.timing import OnlineStepCost
+from splitinfer.timing import StepCostModel
 
 SOURCE, ALT_SOURCE = "local-draft", "local-draft-alt"
 
@@ -92,16 +92,13 @@ class LocalDraft(Proposer):
         self.refit_every = check_positive("refit_every", refit_every, minimum=0)
         if isinstance(ridge, bool) or not isinstance(ridge, (int, float)) or not ridge > 0:
             raise SplitInferError(f"option ridge must be a number > 0 (penalty in samples, e.g. 30), got {ridge!r}")
-        if (step_ms is None) != (token_ms is None):
-            raise SplitInferError("give both step_ms and token_ms (a fixed cost model) or neither")
         if draft_ms is not None and (isinstance(draft_ms, bool) or not isinstance(draft_ms, (int, float))
                                      or draft_ms < 0):
             raise SplitInferError(f"option draft_ms must be a number >= 0 (ms per drafted token), got {draft_ms!r}")
         if calibration is not None and not isinstance(calibration, str):
             raise SplitInferError(f"option calibration must be a file path, got {calibration!r}")
         self.adaptive, self.calibration, self.ridge = bool(adaptive), calibration, float(ridge)
-        self.rtt_ms, self.bandwidth_mbps = rtt_ms, bandwidth_mbps
-        self.fixed_cost = None if step_ms is None else (float(step_ms), float(token_ms))
+        self.cost = StepCostModel(rtt_ms, bandwidth_mbps, step_ms, token_ms)
         self.fixed_draft_ms = None if draft_ms is None else float(draft_ms)
         self.decay = float(decay)
         self._key: tuple | None = None  # (model, head layers, tail layers) the bridge and stats belong to
@@ -144,9 +141,7 @@ class LocalDraft(Proposer):
         self._reset_caches()
         self._hc, self._tc = self.head.new_cache(), self.tail.new_cache()
         self._prompt_len = len(prompt)
-        rtt = env.rtt_ms if self.rtt_ms is None else self.rtt_ms
-        bw = env.bandwidth_mbps if self.bandwidth_mbps is None else self.bandwidth_mbps
-        self.cost = OnlineStepCost(rtt, bw)
+        self.cost.begin(env.rtt_ms, env.bandwidth_mbps)
 
     def end(self, prompt, output) -> None:
         self._reset_caches()  # free the caches; the bridge and statistics carry over to the next request
@@ -154,7 +149,7 @@ class LocalDraft(Proposer):
     # ------------------------------------------------------------------ costs
     def coefficients(self) -> tuple[float, float, float]:
         """(fixed_ms, per_token_ms, draft_ms per drafted token) of the step-time model."""
-        fixed, per_token = self.fixed_cost if self.fixed_cost is not None else self.cost.coefficients()
+        fixed, per_token = self.cost.coefficients()
         draft = self.fixed_draft_ms if self.fixed_draft_ms is not None else self.draft_token_ms
         return fixed, per_token, draft
 
@@ -234,8 +229,7 @@ class LocalDraft(Proposer):
         if feedback is None or feedback.sent_states is None or feedback.received_states is None:
             raise SplitInferError(f"decoding {self.name!r} needs the verifier's step states (StepFeedback.sent_states"
                                   " / received_states); it only runs under the verifier, not in a replay")
-        if feedback.timing is not None and self.fixed_cost is None:
-            self.cost.observe(feedback.timing)
+        self.cost.observe(feedback.timing)
         self.bridge.observe(feedback.sent_states, feedback.received_states)
         self._since_fit += 1
         if self.refit_every and self._since_fit >= self.refit_every:

@@ -1,7 +1,7 @@
 import math
 import random
 
-from splitinfer.timing import OnlineStepCost, StepTiming, cross_validate, fit, linfit, predict, project
+from splitinfer.timing import OnlineStepCost, StepCostModel, StepTiming, cross_validate, fit, linfit, predict, project
 
 
 def synthetic(n=200, rtt=20.0, bw=100.0, noise=0.0, seed=0):
@@ -62,3 +62,25 @@ def test_online_cost_uses_prefill_as_slope_prior_then_fits():
         c.observe(StepTiming(tokens_sent=t, total_ms=10 + 2.0 * t, network_ms=0.5))
     fixed, per = c.coefficients()
     assert 1.5 < per < 2.5
+
+
+def test_step_cost_model_fixed_or_online_at_the_target_network():
+    import pytest
+
+    from splitinfer.errors import SplitInferError
+
+    fixed = StepCostModel(step_ms=90.0, token_ms=2.0)
+    fixed.begin(20.0, None)
+    fixed.observe(StepTiming(tokens_sent=4, total_ms=1000.0))  # a fixed model ignores observed steps
+    assert fixed.coefficients() == (90.0, 2.0)
+    link = StepCostModel()
+    link.begin(20.0, None)
+    target = StepCostModel(rtt_ms=80.0)
+    target.begin(20.0, None)  # its own target RTT wins over the run's link
+    for m in (link, target):
+        for t in (1, 4, 8):
+            m.observe(StepTiming(tokens_sent=t, total_ms=10 + 2.0 * t))
+    (f_link, per_link), (f_target, per_target) = link.coefficients(), target.coefficients()
+    assert abs(f_target - f_link - 60.0) < 1e-9 and abs(per_target - per_link) < 1e-9
+    with pytest.raises(SplitInferError, match="both step_ms and token_ms"):
+        StepCostModel(step_ms=90.0)
