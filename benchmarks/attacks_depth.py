@@ -168,17 +168,17 @@ def run_study(cfg: StudyConfig, progress: bool = True, partial: str | Path | Non
         first_row = len(rows)
         torch.manual_seed(cfg.seed)
         atk = make_attack(recipe, model=loaded, seed=cfg.seed, **{**cfg.hparams.get(name, {}), **fixed})
-        if name == "vocab-match":  # the linear probe's top-k goes first (fitted now if its job was resumed)
-            if (b, "linear-probe") not in fitted:
-                torch.manual_seed(cfg.seed)  # the same probe as its own job fits
-                fitted[(b, "linear-probe")] = make_attack("linear-probe", model=loaded, seed=cfg.seed,
-                                                          **cfg.hparams.get("linear-probe", {})).fit(train[b], val[b])
+        for helper in JOB_HELPERS.get(name, ()):  # its top-k goes first (fitted now if its own job was resumed)
+            if (b, helper) not in fitted:
+                torch.manual_seed(cfg.seed)  # the same model as its own job fits
+                fitted[(b, helper)] = make_attack(helper, model=loaded, seed=cfg.seed,
+                                                  **cfg.hparams.get(helper, {})).fit(train[b], val[b])
                 torch.manual_seed(cfg.seed)
-            atk.set_proposer(fitted[(b, "linear-probe")])
+            atk.set_proposer(fitted[(b, helper)])
         t = time.perf_counter()
         atk.fit(train[b], val[b])
         fit_s = time.perf_counter() - t
-        if name == "linear-probe":
+        if any(name in helpers for helpers in JOB_HELPERS.values()):
             fitted[(b, name)] = atk
         prior = train[b].token_ids
         targets = ("both", "next", "current") if name == "output-probe" else (None,)

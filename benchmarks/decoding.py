@@ -50,6 +50,7 @@ from tqdm import tqdm
 from benchmarks.prompts import PROMPTS
 from splitinfer.client import SplitModel
 from splitinfer.decoding.base import DecodingEnv, list_proposers, make_proposer
+from splitinfer.decoding.combined import DEFAULT_SOURCES
 from splitinfer.decoding.replay import replay
 from splitinfer.errors import SplitInferError
 from splitinfer.timing import StepTimeModel, StepTiming, cross_validate, fit
@@ -193,18 +194,13 @@ def run_decoding_bench(
     if "combined" in wanted:
         bench.measure("combined", "combined", combined_opts)
         bench.measure("combined gpu-flat@80ms", "combined", flat_opts)
-    if "local-draft" in wanted:
-        draft_opts = {"calibration": draft_calibration}
-        bench.measure("local-draft", "local-draft", {**combined_opts, **draft_opts})
-        if "combined" in wanted:
-            sources = "suffix,prompt-lookup,ngram-pool,local-draft"
-            bench.measure("combined+local-draft", "combined", {**combined_opts, **draft_opts, "sources": sources})
-    if "feature-draft" in wanted:
-        head_opts = {"draft_head": draft_head}
-        bench.measure("feature-draft", "feature-draft", {**combined_opts, **head_opts})
-        if "combined" in wanted:
-            sources = "suffix,prompt-lookup,ngram-pool,feature-draft"
-            bench.measure("combined+feature-draft", "combined", {**combined_opts, **head_opts, "sources": sources})
+    for drafter, opts in (("local-draft", {"calibration": draft_calibration}),
+                          ("feature-draft", {"draft_head": draft_head})):  # model drafters: alone and in combined
+        if drafter in wanted:
+            bench.measure(drafter, drafter, {**combined_opts, **opts})
+            if "combined" in wanted:
+                sources = f"{','.join(DEFAULT_SOURCES)},{drafter}"
+                bench.measure(f"combined+{drafter}", "combined", {**combined_opts, **opts, "sources": sources})
     # Pool every measured step for the final model (combined's steps included).
     all_steps = _steps([r for recs in bench.runs.values() for r in recs])
     model = fit(all_steps, 0.0, None, skip_prefill=False)
