@@ -48,6 +48,7 @@ import torch
 from tqdm import tqdm
 
 from benchmarks.prompts import PROMPTS
+from splitinfer import batch_invariant
 from splitinfer.client import SplitModel
 from splitinfer.decoding.base import DecodingEnv, list_proposers, make_proposer
 from splitinfer.decoding.combined import DEFAULT_SOURCES
@@ -159,6 +160,15 @@ class DecodingBench:
         self.runs[label] = records
 
 
+def _head_sha(sm: SplitModel, draft_head: str | None, wanted: list[str]) -> str | None:
+    """sha256 of the feature-draft head the run used (None when feature-draft did not run)."""
+    if "feature-draft" not in wanted:
+        return None
+    from splitinfer.decoding.feature_head import default_dir, weights_sha256
+
+    return weights_sha256(draft_head or default_dir(sm.loaded.sha256))
+
+
 def _eos(sm: SplitModel) -> set[int]:
     from splitinfer.client import _eos_ids
 
@@ -206,9 +216,11 @@ def run_decoding_bench(
     model = fit(all_steps, 0.0, None, skip_prefill=False)
     results = {
         "config": {"model": sm.loaded.spec, "model_sha256": sm.loaded.sha256, "split": str(sm.split),
+                   "kernels": "batch-invariant" if batch_invariant.is_enabled(sm.loaded.model) else "default",
+                   "device": str(sm.device),
                    "wire_dtype": "fp32", "max_new_tokens": max_new_tokens, "prompts": prompts,
                    "tolerance": tolerance, "combined_options": combined_opts, "draft_calibration": draft_calibration,
-                   "draft_head": draft_head,
+                   "draft_head": draft_head, "draft_head_sha256": _head_sha(sm, draft_head, wanted),
                    "combined_gpu_flat_options": flat_opts},
         "step_model": model.to_dict(),
         "cross_validation": cross_validate(all_steps, 0.0, None, skip_prefill=False),

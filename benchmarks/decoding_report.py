@@ -129,22 +129,29 @@ def _fmt_table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
+def hardware(results: dict) -> str:
+    """'GPU' when the run's model was on a CUDA device, else 'CPU' (the "cpu" cost keys mean: fitted here)."""
+    return "GPU" if str(results.get("config", {}).get("device", "cpu")).startswith("cuda") else "CPU"
+
+
 def format_report(results: dict) -> str:
     table = summarize(results)
     cats = [c for c in CATEGORIES if any(c in r["tau"] for r in table.values())]
     seq = table.get("sequential")
-    parts = ["== Exactness (real runs vs sequential, fp32 wire) =="]
+    kernels = results.get("config", {}).get("kernels", "default")
+    parts = [f"== Exactness (real runs vs sequential, fp32 wire, {kernels} kernels) =="]
     parts.append(_fmt_table(["decoding", "identical", "max |dlogit|"], [
         [k, f"{r['identical']}/{r['n']}", f"{r['max_logit_diff']:.2e}"] for k, r in table.items() if not r["replayed"]]))
     if "noise_floor" in results:
         nf = results["noise_floor"]
-        parts.append(f"float32 floor: the unsplit model fed the same tokens in {nf['chunk']}-token forwards differs "
-                     f"from sequential by up to {nf['max']:.2e} (max over prompts)")
+        parts.append(f"float32 floor ({kernels} kernels): the unsplit model fed the same tokens in {nf['chunk']}-token "
+                     f"forwards differs from sequential by up to {nf['max']:.2e} (max over prompts)")
     parts.append("\n== tau: tokens per round trip (R = replayed against the sequential output) ==")
     parts.append(_fmt_table(["decoding", *cats, "mean", "accept", "sent/step", "bytes/step"], [
         [k + (" R" if r["replayed"] else ""), *[r["tau"].get(c, float("nan")) for c in cats], r["tau"]["mean"],
          r["acceptance"], r["sent_per_step"], int(r["bytes_per_step"])] for k, r in table.items()]))
-    for kind, title in (("cpu", "this machine's fitted CPU costs"), ("flat", "FLAT per-step compute (GPU-like)")):
+    hw = hardware(results)
+    for kind, title in (("cpu", f"this machine's fitted {hw} costs"), ("flat", "FLAT per-step compute (GPU-like)")):
         parts.append(f"\n== modelled tok/s, {title}, {BANDWIDTH:g} Mbit/s (mean over categories; x seq) ==")
         rows = []
         for k, r in table.items():
@@ -156,13 +163,13 @@ def format_report(results: dict) -> str:
                 row += [mean, f"x{mean / base:.2f}"]
             row.append(r.get("cpu_measured_tok_s", float("nan")) if kind == "cpu" else "")
             rows.append(row)
-        head = ["decoding"] + [h for rtt in RTTS for h in (f"{rtt:g}ms", "")] + (["CPU tok/s meas."] if kind == "cpu"
+        head = ["decoding"] + [h for rtt in RTTS for h in (f"{rtt:g}ms", "")] + ([f"{hw} tok/s meas."] if kind == "cpu"
                                                                                   else [""])
         parts.append(_fmt_table(head, rows))
     drafters = [(k, r) for k, r in table.items() if not r["replayed"] and any(
         rec.get("needs_model") for rec in results["runs"][k])]
     if drafters:
-        parts.append("\n== proposer time per decode step, measured on this CPU (drafting with the local model) ==")
+        parts.append(f"\n== proposer time per decode step, measured on this {hw} (drafting with the local model) ==")
         parts.append(_fmt_table(["decoding", "draft ms/step", "tokens/step"], [
             [k, r["draft_ms_per_step"], r["tau"]["mean"]] for k, r in drafters]))
     m, cv = results["step_model"], results["cross_validation"]
@@ -207,7 +214,8 @@ def plot(results: dict, out: Path) -> list[Path]:
             axes[1].plot(main, vals, style, label=f"{kind} {rtt:g} ms")
     axes[1].set_ylabel(f"modelled tok/s at {BANDWIDTH:g} Mbit/s")
     axes[1].tick_params(axis="x", rotation=45, labelsize=7)
-    axes[1].set_title("modelled throughput, mean over categories (cpu: fitted costs; flat: GPU-like)")
+    axes[1].set_title(f"modelled throughput, mean over categories (cpu: this {hardware(results)}'s fitted costs; "
+                      "flat: GPU-like)")
     axes[1].legend(fontsize=7)
     fig.tight_layout()
     paths.append(out / "decoding_tau.png")

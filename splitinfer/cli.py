@@ -26,6 +26,10 @@ def add_model_args(p: argparse.ArgumentParser, split_default: str | None = "2,2"
         p.add_argument("--split", default=split_default, help="HEAD,TAIL local layer counts (default %(default)s)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default %(default)s)")
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"], help="compute dtype")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="batch-invariant kernels: a token's logits do not depend on how many tokens share its "
+                        "forward, so speculative decoding matches sequential bit for bit (slower; a cloud "
+                        "server must use it too)")
 
 
 def add_link_args(p: argparse.ArgumentParser) -> None:
@@ -51,7 +55,8 @@ def load_for_cli(args):
     from splitinfer.models import load_model
 
     log.info("loading model %s", args.model)
-    return load_model(args.model, dtype=args.dtype, device=args.device, seed=getattr(args, "seed", 0))
+    return load_model(args.model, dtype=args.dtype, device=args.device, seed=getattr(args, "seed", 0),
+                      batch_invariant=getattr(args, "batch_invariant", False))
 
 
 def cmd_generate(args) -> int:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from splitinfer import batch_invariant
 from splitinfer.decoding.base import DecodingEnv, Proposer, make_proposer
 from splitinfer.decoding.verify import decode
 from splitinfer.errors import SplitInferError
@@ -108,6 +109,7 @@ def body_info(model_spec: str, split: SplitConfig, body: CloudBody, hidden_size:
         "hidden_size": hidden_size,
         "split": str(split),
         "num_layers": num_layers,
+        "batch_invariant": batch_invariant.is_enabled(body),
     }
 
 
@@ -148,6 +150,8 @@ class SplitModel:
             )
         self.link = link
         expect = {k: info[k] for k in ("body_sha256", "hidden_size", "split")}
+        if info["batch_invariant"]:  # exact logits need the same kernels on both sides
+            expect["batch_invariant"] = True
         self.remote = RemoteBody(link, expect)
         self.remote.hello()
         self.device = next(model.parameters()).device

@@ -58,7 +58,8 @@ def cmd_serve(args) -> int:
     if args.insecure and not config.token:
         log.warning("--insecure: anyone who can reach %s may use this server", args.host)
     split = SplitConfig.parse(args.split)
-    body, info = load_body(args.model, split, args.dtype, args.device, args.device_map, args.seed)
+    body, info = load_body(args.model, split, args.dtype, args.device, args.device_map, args.seed,
+                           args.batch_invariant)
     service = make_service(body, info, args.max_sessions, args.max_context, args.idle_timeout_s,
                            int(args.max_frame_mb * 2**20))
     log.info("body of %s split %s: layers %d..%d, sha256 %s", args.model, split, body.first_layer,

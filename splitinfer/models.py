@@ -219,15 +219,26 @@ def resolve_weights_dir(spec: str) -> Path | None:
     return None
 
 
-def load_model(spec: str = "default", dtype: str = "fp32", device: str = "cpu", seed: int = 0) -> LoadedModel:
+def load_model(spec: str = "default", dtype: str = "fp32", device: str = "cpu", seed: int = 0,
+               batch_invariant: bool = False) -> LoadedModel:
     """Load a causal LM from a spec (see the module docstring).
 
+    ``batch_invariant`` switches it to :mod:`splitinfer.batch_invariant`'s
+    kernels (each token's logits independent of the tokens sharing its forward).
     Raises :class:`SplitInferError` for unknown specs, missing packages or files,
     and unknown dtypes.
     """
     if dtype not in DTYPES:
         raise SplitInferError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    torch_dtype = DTYPES[dtype]
+    loaded = _load(spec, DTYPES[dtype], device, seed)
+    if batch_invariant:
+        from splitinfer.batch_invariant import enable
+
+        enable(loaded.model)
+    return loaded
+
+
+def _load(spec: str, torch_dtype: torch.dtype, device: str, seed: int) -> LoadedModel:
     if spec == "tiny-random":
         model, tok = tiny_random_model(seed=seed)
         model = model.to(device=device, dtype=torch_dtype)

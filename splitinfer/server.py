@@ -52,6 +52,7 @@ import torch
 from websockets.asyncio.server import serve
 from websockets.exceptions import ConnectionClosed
 
+from splitinfer import batch_invariant as bi
 from splitinfer.errors import ProtocolError, SplitInferError
 from splitinfer.models import DTYPES, weights_sha256
 from splitinfer.partition import CloudBody, SplitConfig
@@ -215,8 +216,11 @@ def weights_dir(spec: str, seed: int = 0) -> Path:
 
 
 def load_body(spec: str, split: SplitConfig, dtype: str = "fp32", device: str = "cpu",
-              device_map: str | None = None, seed: int = 0) -> tuple[CloudBody, dict]:
-    """The body layers of ``spec`` (and nothing else) plus the info it announces at hello."""
+              device_map: str | None = None, seed: int = 0, batch_invariant: bool = False) -> tuple[CloudBody, dict]:
+    """The body layers of ``spec`` (and nothing else) plus the info it announces at hello.
+
+    ``batch_invariant``: run them with :mod:`splitinfer.batch_invariant`'s kernels.
+    """
     if dtype not in DTYPES:
         raise SplitInferError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     if device_map not in (None, "auto"):
@@ -225,6 +229,8 @@ def load_body(spec: str, split: SplitConfig, dtype: str = "fp32", device: str = 
         check_device(device)
     weights = weights_dir(spec, seed)
     body = CloudBody.from_weights(weights, split, DTYPES[dtype], "cpu" if device_map else device)
+    if batch_invariant:
+        bi.enable(body)
     cfg = body.config
     info = {
         "model": spec,
@@ -232,6 +238,7 @@ def load_body(spec: str, split: SplitConfig, dtype: str = "fp32", device: str = 
         "hidden_size": cfg.hidden_size,
         "split": str(split),
         "num_layers": cfg.num_hidden_layers,
+        "batch_invariant": bi.is_enabled(body),
     }
     if device_map == "auto":
         body = place_auto(body)

@@ -118,13 +118,13 @@ class BodyService:
         f = frame.fields
         if f["protocol"] != PROTOCOL_VERSION:
             raise ProtocolError(f"client speaks protocol {f['protocol']}, server speaks {PROTOCOL_VERSION}")
-        for key in ("body_sha256", "hidden_size", "split"):
+        for key in ("body_sha256", "hidden_size", "split", "batch_invariant"):
             want = f.get(key)
-            if want is not None and want != self.info.get(key):
+            if want is not None and want != self.info.get(key, False if key == "batch_invariant" else None):
+                hint = {"hidden_size": "", "batch_invariant": " (start the server with --batch-invariant)"}.get(
+                    key, " (start the server with the same --model, --split and --dtype)")
                 raise ProtocolError(
-                    f"{key} mismatch: client expects {want!r}, this server has {self.info.get(key)!r}"
-                    + (" (start the server with the same --model, --split and --dtype)" if key != "hidden_size" else "")
-                )
+                    f"{key} mismatch: client expects {want!r}, this server has {self.info.get(key)!r}{hint}")
         return "welcome", {"protocol": PROTOCOL_VERSION, **self.info}, {}, 0.0
 
     def _op_open(self, frame, owner=None):

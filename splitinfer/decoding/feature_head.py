@@ -75,6 +75,14 @@ def head_files(path: str | Path) -> tuple[Path, Path]:
     return p / f"{STEM}.safetensors", p / f"{STEM}.json"
 
 
+def weights_sha256(path: str | Path) -> str | None:
+    """sha256 of a head's weights file (the run's record of which head it used); None when there is none."""
+    import hashlib
+
+    st = head_files(path)[0]
+    return hashlib.sha256(st.read_bytes()).hexdigest() if st.is_file() else None
+
+
 def default_dir(model_sha256: str) -> Path:
     """Where ``splitinfer draft-train`` writes by default: under the splitinfer cache, per model."""
     from splitinfer.models import cache_dir
