@@ -119,13 +119,14 @@ def cmd_draft_train(args) -> int:
     loaded = load_for_cli(args)
     head, meta = draft_train(loaded, tokens=args.tokens, seed=args.seed, hidden=args.hidden, unroll=args.unroll,
                              steps=args.steps, batch=args.batch, max_new=args.max_new_tokens,
-                             prompt_chars=args.prompt_chars, gen_batch=args.gen_batch,
+                             prompt_chars=args.prompt_chars, gen_batch=args.gen_batch, vocab=args.vocab,
                              prompt_texts=read_prompt_file(args.prompts_file) if args.prompts_file else None)
     out = args.out or default_dir(loaded.sha256 or "")
     path = save_head(head, out, meta)
     h = meta["heldout"]
     print(f"feature-draft head ({meta['generated_tokens']} greedy tokens from {meta['prompts']} prompts, "
-          f"{meta['steps']} steps, {meta['timings_s']['total_s']:.0f} s) written to {path}; held-out top-1 per depth "
+          f"{meta['steps']} steps, {meta['timings_s']['total_s']:.0f} s, draft vocabulary {meta['draft_vocab']} covering "
+          f"{100 * meta['draft_vocab_coverage']:.1f}% of held-out tokens) written to {path}; held-out top-1 per depth "
           f"{h['top1_per_depth']}, chain {h['chain_per_depth']}; use it with --decoding feature-draft"
           + ("" if args.out is None else f" --draft-head {out}"))
     return 0
@@ -175,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--batch", type=int, default=128, help="windows per step (default %(default)s)")
     t.add_argument("--unroll", type=int, default=4, help="depths unrolled on own features (default %(default)s)")
     t.add_argument("--hidden", type=int, default=1024, help="MLP width (default %(default)s)")
+    t.add_argument("--vocab", type=int, default=8192,
+                   help="draft vocabulary: the N tokens the model emits most (FR-Spec); 0 = all (default %(default)s)")
     t.add_argument("--max-new-tokens", type=int, default=128, help="continuation length per prompt (default %(default)s)")
     t.add_argument("--prompt-chars", type=int, default=600, help="max corpus snippet per prompt (default %(default)s)")
     t.add_argument("--prompts-file", default=None,

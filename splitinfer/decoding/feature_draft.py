@@ -31,6 +31,9 @@ tree verification). Deviations:
   "feature uncertainty" unrolling), with labels = the model's argmax at every
   position, on prompts built from the project's corpora train split, never
   the benchmark prompts;
+- with a vocabulary shortlist in the head file (``draft-train --vocab``,
+  FR-Spec / EAGLE-3 style) only those LM-head rows are read out and the
+  softmax is over them; ``shortlist=false`` reads out the whole vocabulary;
 - the tree is expanded by per-depth top-k with softmax probabilities as
   confidences (EAGLE-2-like dynamic trees), calibrated online by the
   acceptance observed per (probability bucket, depth bucket), and sized by
@@ -88,6 +91,7 @@ class FeatureDraft(Proposer):
         step_ms: float | None = None,
         token_ms: float | None = None,
         decay: float = 0.98,
+        shortlist: bool = True,
     ):
         self.budget = check_positive("draft_budget", draft_budget)
         self.topk = check_positive("topk", topk)
@@ -97,7 +101,10 @@ class FeatureDraft(Proposer):
             raise SplitInferError(f"option min_prob must be a number in [0, 1), got {min_prob!r}")
         if draft_head is not None and not isinstance(draft_head, str):
             raise SplitInferError(f"option draft_head must be a directory path, got {draft_head!r}")
+        if not isinstance(shortlist, bool):
+            raise SplitInferError(f"option shortlist must be true or false, got {shortlist!r}")
         self.path, self.min_prob, self.adaptive = draft_head, float(min_prob), bool(adaptive)
+        self.use_shortlist = shortlist
         self.cost = StepCostModel(rtt_ms, bandwidth_mbps, step_ms, token_ms)
         self.decay = float(decay)
         self._key: tuple | None = None
@@ -126,6 +133,10 @@ class FeatureDraft(Proposer):
             head, self.info = load_head(self.path or default_dir(local.model_sha256), expect)
             self.head = head.to(weight.device)
             self._key, self.stats = key, AcceptanceStats(decay=self.decay)
+            short = self.head.vocab_shortlist if self.use_shortlist else None
+            self._short = short  # (K,) token ids the draft may propose, or None for all
+            lm = self.tail.lm_head.weight
+            self._readout = lm if short is None else lm.index_select(0, short).contiguous()  # (K or V, d)
         self._feat, self._n, self._last = None, -1, []
         self._prompt_len = len(prompt)
         self.cost.begin(env.rtt_ms, env.bandwidth_mbps)
@@ -139,8 +150,13 @@ class FeatureDraft(Proposer):
         """One batched draft call: feats (F, d), tokens (F,) -> next features (F, d), top-k probs / ids (F, k)."""
         ids = torch.tensor(tokens, device=feats.device)  # (F,)
         nxt = self.head(feats, self.embed(ids).float())  # (F, d)
-        probs = torch.softmax(self.tail.logits(nxt.to(self.embed.weight.dtype)), dim=-1)  # (F, V)
-        top_p, top_i = torch.topk(probs, self.topk, dim=-1)  # (F, k)
+        logits = torch.nn.functional.linear(nxt.to(self._readout.dtype), self._readout).float()  # (F, K or V)
+        if self.tail.softcap:
+            logits = torch.tanh(logits / self.tail.softcap) * self.tail.softcap
+        probs = torch.softmax(logits, dim=-1)  # over the draft vocabulary
+        top_p, top_i = torch.topk(probs, min(self.topk, probs.shape[-1]), dim=-1)  # (F, k)
+        if self._short is not None:
+            top_i = self._short[top_i]  # shortlist rows -> token ids
         return nxt, top_p.cpu(), top_i.cpu()
 
     def _tree(self, context: list[int], n_max: int) -> list[tuple[int, int, float, int, float]]:
@@ -153,7 +169,7 @@ class FeatureDraft(Proposer):
             nxt, top_p, top_i = self._expand(feats, [t for _, _, t, _ in frontier])
             new = []
             for f, (node, _, _, score) in enumerate(frontier):
-                for c in range(self.topk):
+                for c in range(top_p.shape[1]):
                     p, tok = float(top_p[f, c]), int(top_i[f, c])
                     s = score * self.stats.estimate(SOURCE, p, depth)
                     nodes.append((tok, node, p, depth, s))

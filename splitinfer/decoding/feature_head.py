@@ -17,7 +17,14 @@ no KV cache at all; Hydra (Ankner et al. 2024, arXiv 2402.05109) is the
 closest kin: sequentially dependent heads that see the previously guessed
 token. Our deviations are listed in :mod:`.feature_draft`.
 
-Files: ``DIR/feature_draft.safetensors`` (the weights) and
+A head may carry a *vocabulary shortlist* (buffer ``vocab_shortlist``, (K,)
+token ids): the drafter then reads out only those rows of the LM head, as
+FR-Spec (Zhao et al. 2025, arXiv 2502.14856: frequency-ranked draft
+vocabulary) and EAGLE-3's reduced draft vocabulary do. Drafting over a
+K-token shortlist costs K/V of the full read-out, and a token outside it is
+simply never drafted (the verifier still decides; exactness is untouched).
+
+Files: ``DIR/feature_draft.safetensors`` (the weights, and the shortlist) and
 ``DIR/feature_draft.json`` (model sha256, dims, training sizes and held-out
 agreement); never pickle. :func:`load_head` turns a file made for another
 model, of the wrong shapes, or unreadable into a one-line
@@ -59,6 +66,7 @@ class FeatureHead(nn.Module):
         self.w_out = nn.Linear(hidden, dim)  # W_o, b_o
         nn.init.zeros_(self.w_out.weight)  # start as "the next feature is the previous one"
         nn.init.zeros_(self.w_out.bias)
+        self.register_buffer("vocab_shortlist", None)  # (K,) int64 token ids, or None for the whole vocabulary
 
     def forward(self, prev: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         """prev (n, d) features s_{j-1}, emb (n, d) embeddings E[x_j] -> (n, d) features s_j."""
@@ -73,6 +81,18 @@ def head_files(path: str | Path) -> tuple[Path, Path]:
     if p.suffix in (".json", ".safetensors"):
         p = p.parent
     return p / f"{STEM}.safetensors", p / f"{STEM}.json"
+
+
+def _checked_shortlist(ids: torch.Tensor, vocab_size, where: Path) -> torch.Tensor:
+    """A stored shortlist as (K,) int64, or a one-line error naming what is wrong with it."""
+    if ids.dim() != 1 or ids.numel() == 0 or ids.dtype not in (torch.int32, torch.int64):
+        raise SplitInferError(f"{where}: vocab_shortlist must be a non-empty 1-D integer tensor; retrain")
+    ids = ids.long()
+    if not isinstance(vocab_size, int) or int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+        raise SplitInferError(f"{where}: vocab_shortlist holds ids outside [0, {vocab_size}); retrain")
+    if ids.unique().numel() != ids.numel():
+        raise SplitInferError(f"{where}: vocab_shortlist repeats token ids; retrain")
+    return ids
 
 
 def weights_sha256(path: str | Path) -> str | None:
@@ -96,7 +116,8 @@ def save_head(head: FeatureHead, out: str | Path, meta: dict) -> Path:
 
     st, js = head_files(out)
     st.parent.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().float().cpu().contiguous() for k, v in head.state_dict().items()}, str(st))
+    save_file({k: (v.detach().float() if v.is_floating_point() else v.detach()).cpu().contiguous()
+               for k, v in head.state_dict().items()}, str(st))
     info = {"format": FORMAT, "version": VERSION, **meta, "hidden_size": head.dim, "mlp_hidden": head.hidden}
     js.write_text(json.dumps(info, indent=1, sort_keys=True))
     return js
@@ -128,10 +149,13 @@ def load_head(path: str | Path, expect: dict | None = None) -> tuple[FeatureHead
         raise SplitInferError(f"{st} is not a readable safetensors file ({str(e).splitlines()[0][:80]}); "
                               "retrain with `splitinfer draft-train`") from None
     head = FeatureHead(dim, hidden)
+    shortlist = tensors.pop("vocab_shortlist", None)
     want_shapes = {k: tuple(v.shape) for k, v in head.state_dict().items()}
     got_shapes = {k: tuple(v.shape) for k, v in tensors.items()}
     if got_shapes != want_shapes:
         raise SplitInferError(f"{st} holds tensors {sorted(got_shapes)} of the wrong names or shapes for a "
                               f"feature head of hidden size {dim} and MLP width {hidden}; retrain")
     head.load_state_dict(tensors)
+    if shortlist is not None:
+        head.vocab_shortlist = _checked_shortlist(shortlist, info.get("vocab_size"), st)
     return head.eval(), info

@@ -13,12 +13,18 @@
    unsplit model; the final normed states ``s_t`` (d,) and the model's argmax
    ``y_t`` at every position are kept (labels = the model's own greedy token
    there, also on the prompt positions, which makes prompts cheap extra data).
-4. *Training*: windows of ``unroll`` positions; the head starts from the true
+4. *Draft vocabulary* (``vocab``, default 8192 of the model's tokens): the
+   tokens the model itself emitted most often in the training sequences,
+   then the most frequent in them, then the lowest ids (BPE merge order),
+   as FR-Spec (Zhao et al. 2025) ranks its shortlist by corpus frequency.
+   Training and the held-out check read out only those LM-head rows; a label
+   outside the shortlist counts as a miss. ``vocab=0`` keeps all tokens.
+5. *Training*: windows of ``unroll`` positions; the head starts from the true
    ``s_{t-1}`` and then feeds its OWN predicted features (EAGLE's fix for
    feature uncertainty) with the true next tokens; loss = cross-entropy of
    ``lm_head(s_hat)`` against ``y`` at every unrolled depth + ``reg_weight`` x
    smooth-L1 between predicted and true features. AdamW, cosine decay.
-5. *Held-out agreement*: 10% of the sequences (by prompt) are kept out;
+6. *Held-out agreement*: 10% of the sequences (by prompt) are kept out;
    top-1 agreement with the model's greedy token per depth (own features,
    true tokens) and chain agreement (all depths up to ``j`` right) on their
    generated positions.
@@ -155,6 +161,21 @@ def teacher_features(model, seqs: list[list[int]], batch: int = 8) -> list[tuple
     return out
 
 
+def vocab_shortlist(labels: torch.Tensor, tokens: torch.Tensor, vocab_size: int, size: int) -> torch.Tensor:
+    """The ``size`` most useful draft tokens, sorted by id: (size,) int64.
+
+    Ranked by how often the model emitted them (``labels`` (N,)), ties by how
+    often they occur in the sequences (``tokens`` (N,)), then by lower id.
+    """
+    if not 0 < size <= vocab_size:
+        raise SplitInferError(f"the draft vocabulary must hold 1..{vocab_size} tokens, got {size}")
+    labels, tokens = labels.cpu(), tokens.cpu()
+    score = (torch.bincount(labels, minlength=vocab_size).double() * (tokens.numel() + 1)
+             + torch.bincount(tokens, minlength=vocab_size).double())  # (V,) label count first, exact in fp64
+    order = torch.argsort(-score, stable=True)  # stable: equal scores keep id order
+    return order[:size].sort().values
+
+
 def windows(lengths: list[int], starts_from: list[int], unroll: int) -> torch.Tensor:
     """Flat start indices ``t`` (>= 1 inside a sequence, from ``starts_from``) with ``t + unroll <= L``."""
     out, base = [], 0
@@ -192,7 +213,9 @@ def train_head(data: dict, emb, lm_head, *, hidden: int, unroll: int, steps: int
         pick = starts[torch.randint(len(starts), (batch,), generator=gen)]  # (B,)
         loss = torch.zeros(())
         for j, (logits, h) in enumerate(unrolled_logits(head, lm_head, feats, tokens, emb, pick, unroll)):
-            loss = loss + F.cross_entropy(logits, labels[pick + j]) + reg_weight * F.smooth_l1_loss(h, feats[pick + j])
+            y = labels[pick + j]  # (B,) shortlist index, -100 = outside the shortlist (no cross-entropy term)
+            ce = F.cross_entropy(logits, y) if bool((y >= 0).any()) else logits.sum() * 0.0
+            loss = loss + ce + reg_weight * F.smooth_l1_loss(h, feats[pick + j])
         opt.zero_grad()
         (loss / unroll).backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
@@ -235,7 +258,7 @@ def flatten(items: list[tuple[torch.Tensor, torch.Tensor, list[int], int]]) -> d
 def draft_train(loaded, *, tokens: int = 12000, seed: int = 0, hidden: int = 1024, unroll: int = 4,
                 steps: int = 400, batch: int = 128, lr: float = 1e-3, reg_weight: float = 0.2, max_new: int = 128,
                 gen_batch: int = 16, eval_depth: int = 6, prompt_chars: int = 600, prompt_texts: list[str] | None = None,
-                progress: bool = True) -> tuple[FeatureHead, dict]:
+                vocab: int = 8192, progress: bool = True) -> tuple[FeatureHead, dict]:
     """The whole recipe (module docstring) on a :class:`~splitinfer.models.LoadedModel`; returns (head, meta).
 
     ``prompt_texts``: user messages to continue instead of corpus snippets (cycled to the number of prompts
@@ -245,6 +268,8 @@ def draft_train(loaded, *, tokens: int = 12000, seed: int = 0, hidden: int = 102
 
     if tokens < 1 or steps < 1 or unroll < 1 or hidden < 1 or batch < 1 or max_new < 2:
         raise SplitInferError("draft-train needs --tokens, --steps, --unroll, --hidden and --batch >= 1")
+    if vocab < 0:
+        raise SplitInferError(f"--vocab must be >= 0 (0 = the whole vocabulary), got {vocab}")
     random.seed(seed)
     torch.manual_seed(seed)
     model, tok = loaded.model, loaded.tokenizer
@@ -277,6 +302,17 @@ def draft_train(loaded, *, tokens: int = 12000, seed: int = 0, hidden: int = 102
     for data in (train_data, held_data):
         data.update({k: v.to(dev) for k, v in data.items() if isinstance(v, torch.Tensor)})
     w = model.lm_head.weight.detach().float()  # (V, d) frozen
+    n_vocab = int(w.shape[0])
+    shortlist, coverage = None, 1.0
+    if 0 < vocab < n_vocab:
+        shortlist = vocab_shortlist(train_data["labels"], train_data["tokens"], n_vocab, vocab).to(dev)  # (K,)
+        index = torch.full((n_vocab,), -100, dtype=torch.long, device=dev)  # token id -> shortlist row
+        index[shortlist] = torch.arange(len(shortlist), device=dev)
+        gen_pos = held_data["starts"].unique()
+        coverage = float((index[held_data["labels"][gen_pos]] >= 0).float().mean()) if len(gen_pos) else 1.0
+        for data in (train_data, held_data):
+            data["labels"] = index[data["labels"]]
+        w = w[shortlist]  # (K, d)
     softcap = getattr(model.config, "final_logit_softcapping", None)
 
     def lm_head(h):  # (B, d) -> (B, V)
@@ -289,12 +325,14 @@ def draft_train(loaded, *, tokens: int = 12000, seed: int = 0, hidden: int = 102
     head = train_head(train_data, emb, lm_head, hidden=hidden, unroll=unroll, steps=steps, batch=batch, lr=lr,
                       reg_weight=reg_weight, seed=seed, progress=progress)
     timings["train_s"] = time.perf_counter() - t2
+    head.vocab_shortlist = shortlist
     t3 = time.perf_counter()
     held_out = agreement(head, held_data, emb, lm_head, eval_depth)
     timings["eval_s"] = time.perf_counter() - t3
     timings["total_s"] = time.perf_counter() - t0
     meta = {
-        "model": loaded.spec, "model_sha256": loaded.sha256 or "", "vocab_size": int(w.shape[0]),
+        "model": loaded.spec, "model_sha256": loaded.sha256 or "", "vocab_size": n_vocab,
+        "draft_vocab": n_vocab if shortlist is None else len(shortlist), "draft_vocab_coverage": round(coverage, 4),
         "seed": seed, "unroll": unroll, "steps": steps, "batch": batch, "lr": lr, "reg_weight": reg_weight,
         "prompt_source": "corpora train split" if prompt_texts is None else "prompts file",
         "corpora": list(CORPORA) if prompt_texts is None else [],

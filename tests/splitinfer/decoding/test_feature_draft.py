@@ -10,6 +10,7 @@ from splitinfer.client import SplitModel
 from splitinfer.decoding.base import DecodingEnv, Draft, StepFeedback, make_proposer
 from splitinfer.decoding.feature_draft import FeatureDraft
 from splitinfer.decoding.feature_head import FeatureHead, head_files, load_head, save_head
+from splitinfer.decoding.feature_train import vocab_shortlist
 from splitinfer.decoding.replay import replay
 from splitinfer.errors import SplitInferError
 from splitinfer.models import load_model
@@ -100,6 +101,61 @@ def test_wrong_model_corrupt_or_missing_files_are_one_line_errors(feature_head_d
         load_head(feature_head_dir, {"hidden_size": 32})
 
 
+def test_the_shortlist_ranks_emitted_tokens_first_then_frequent_ones_then_low_ids():
+    labels = torch.tensor([7, 7, 7, 3, 3, 9])  # the model emitted 7 thrice, 3 twice, 9 once
+    tokens = torch.tensor([1, 1, 1, 1, 9, 9, 9, 5, 5, 0])  # 1 is frequent in the text but never emitted
+    assert vocab_shortlist(labels, tokens, 12, 3).tolist() == [3, 7, 9]
+    assert vocab_shortlist(labels, tokens, 12, 6).tolist() == [0, 1, 3, 5, 7, 9]  # then 1 (x4), 5 (x2), 0 (x1)
+    assert vocab_shortlist(labels, tokens, 12, 7).tolist() == [0, 1, 2, 3, 5, 7, 9]  # unseen: lowest id first
+    with pytest.raises(SplitInferError, match="1..12 tokens"):
+        vocab_shortlist(labels, tokens, 12, 13)
+
+
+@pytest.fixture(scope="module")
+def shortlist_head_dir(tiny, tmp_path_factory):
+    from splitinfer.decoding.feature_train import draft_train
+
+    head, meta = draft_train(tiny, tokens=48, steps=6, batch=16, max_new=12, hidden=32, prompt_chars=40,
+                             vocab=40, progress=False)
+    out = tmp_path_factory.mktemp("shortlist-head")
+    save_head(head, out, meta)
+    return out
+
+
+def test_a_shortlisted_head_round_trips_and_drafts_only_its_tokens(sm, shortlist_head_dir):
+    head, info = load_head(shortlist_head_dir)
+    assert info["draft_vocab"] == 40 and 0 < info["draft_vocab_coverage"] <= 1
+    assert head.vocab_shortlist.dtype == torch.int64 and head.vocab_shortlist.shape == (40,)
+    allowed = set(head.vocab_shortlist.tolist())
+    prompt = "the cat sat on the mat. the cat sat on the mat. the cat"
+    ref = sm.generate(prompt, 30, record_logits=True, stop_on_eos=False)
+    for use in (True, False):
+        proposer = make_proposer("feature-draft", draft_head=str(shortlist_head_dir), shortlist=use)
+        drafted = []
+        original = proposer.propose
+        proposer.propose = lambda ctx: drafted.append(original(ctx)) or drafted[-1]
+        res = sm.generate(prompt, 30, record_logits=True, stop_on_eos=False, decoding=proposer)
+        assert res.token_ids == ref.token_ids
+        tokens = {t for d in drafted for t in d.tokens}
+        assert tokens and (tokens <= allowed if use else True)
+    assert not tokens <= allowed  # without the shortlist it drafts from the whole vocabulary
+
+
+def test_a_bad_shortlist_in_the_file_is_a_one_line_error(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    head = FeatureHead(64, 8)
+    head.vocab_shortlist = torch.tensor([1, 2, 300])
+    save_head(head, tmp_path, {"vocab_size": 259})
+    with pytest.raises(SplitInferError, match=r"outside \[0, 259\)"):
+        load_head(tmp_path)
+    st = head_files(tmp_path)[0]
+    tensors = load_file(str(st))
+    save_file({**tensors, "vocab_shortlist": torch.tensor([4, 4])}, str(st))
+    with pytest.raises(SplitInferError, match="repeats token ids"):
+        load_head(tmp_path)
+
+
 @pytest.mark.parametrize("options,match", [
     ({"draft_budget": 0}, "draft_budget must be an integer >= 1"),
     ({"topk": 0}, "topk must be an integer >= 1"),
@@ -107,6 +163,7 @@ def test_wrong_model_corrupt_or_missing_files_are_one_line_errors(feature_head_d
     ({"draft_head": 3}, "draft_head must be a directory path"),
     ({"step_ms": 10.0}, "both step_ms and token_ms"),
     ({"window": 3}, "does not take option"),
+    ({"shortlist": "yes"}, "shortlist must be true or false"),
 ])
 def test_bad_options_are_named(options, match):
     with pytest.raises(SplitInferError, match=match):
