@@ -185,6 +185,7 @@ def run_decoding_bench(
     tolerance: float = 1e-4,
     draft_calibration: str | None = None,
     draft_head: str | None = None,
+    feature_draft_options: dict | None = None,
 ) -> dict:
     """Run the whole benchmark and return its results (see the module docstring)."""
     prompts = {c: ps[:prompts_per_category] for c, ps in PROMPTS.items()}
@@ -205,7 +206,7 @@ def run_decoding_bench(
         bench.measure("combined", "combined", combined_opts)
         bench.measure("combined gpu-flat@80ms", "combined", flat_opts)
     for drafter, opts in (("local-draft", {"calibration": draft_calibration}),
-                          ("feature-draft", {"draft_head": draft_head})):  # model drafters: alone and in combined
+                          ("feature-draft", {"draft_head": draft_head, **(feature_draft_options or {})})):  # model drafters: alone and in combined
         if drafter in wanted:
             bench.measure(drafter, drafter, {**combined_opts, **opts})
             if "combined" in wanted:
@@ -221,6 +222,7 @@ def run_decoding_bench(
                    "wire_dtype": "fp32", "max_new_tokens": max_new_tokens, "prompts": prompts,
                    "tolerance": tolerance, "combined_options": combined_opts, "draft_calibration": draft_calibration,
                    "draft_head": draft_head, "draft_head_sha256": _head_sha(sm, draft_head, wanted),
+                   "feature_draft_options": feature_draft_options or {},
                    "combined_gpu_flat_options": flat_opts},
         "step_model": model.to_dict(),
         "cross_validation": cross_validate(all_steps, 0.0, None, skip_prefill=False),

@@ -17,6 +17,7 @@ def cmd_decoding(args) -> int:
     else:
         from splitinfer.cli import load_for_cli
         from splitinfer.client import SplitModel
+        from splitinfer.decoding.cli_args import parse_options
 
         sm = SplitModel(load_for_cli(args), args.split, wire_dtype="fp32")
         results = run_decoding_bench(
@@ -24,6 +25,7 @@ def cmd_decoding(args) -> int:
             ablation=not args.no_ablation, ablation_prompts=args.ablation_prompts,
             proposers=args.proposers.split(",") if args.proposers else None, tolerance=args.tolerance,
             draft_calibration=args.draft_calibration, draft_head=args.draft_head,
+            feature_draft_options=parse_options(args.feature_draft_option, "--feature-draft-option"),
         )
         save(results, out)
     table = summarize(results)
@@ -58,6 +60,9 @@ def register(bsub) -> None:
                    help="warm-start local-draft's bridge (see `splitinfer draft-calibrate`; default: online fit only)")
     d.add_argument("--draft-head", default=None, metavar="DIR",
                    help="feature-draft's trained head (see `splitinfer draft-train`; default: its cache directory)")
+    d.add_argument("--feature-draft-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="an option of feature-draft, alone and as a source of combined, e.g. shortlist=false "
+                        "(repeatable)")
     d.add_argument("--out", default="reports/decoding", help="directory for decoding.json and plots")
     d.add_argument("--report-only", default=None, metavar="DECODING_JSON",
                    help="rebuild the report, summary.json and plots from an earlier run's decoding.json")

@@ -51,9 +51,15 @@ def _value(text: str):
 def decoding_options(args: argparse.Namespace) -> dict:
     """The options dict for :func:`~splitinfer.decoding.base.make_proposer` from parsed flags."""
     opts = {k: getattr(args, k) for k in FLAGS if getattr(args, k, None) is not None}
-    for item in getattr(args, "decoding_option", []) or []:
+    return {**opts, **parse_options(getattr(args, "decoding_option", []) or [], "--decoding-option")}
+
+
+def parse_options(items: list[str], flag: str) -> dict:
+    """``["KEY=VALUE", ...]`` -> proposer options (true/false, numbers, else text); ``flag`` names bad items."""
+    opts = {}
+    for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise SplitInferError(f"bad --decoding-option {item!r}: write KEY=VALUE, e.g. alpha=2")
+            raise SplitInferError(f"bad {flag} {item!r}: write KEY=VALUE, e.g. alpha=2")
         opts[key.strip().replace("-", "_")] = _value(value.strip())
     return opts

@@ -28,7 +28,8 @@ This combination is our own design in the spirit of SpecInfer (Miao et al.
 expected acceptance under a hardware cost) and SuffixDecoding (Oliaro et al.
 2024: adaptive speculation length). ``step_ms`` and ``token_ms`` fix the cost
 model instead (reproducible runs); ``calibration`` is local-draft's bridge
-calibration file, ``draft_head`` feature-draft's trained head.
+calibration file, ``draft_head`` feature-draft's trained head and ``shortlist``
+whether it drafts from the head's vocabulary shortlist.
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ class Combined(Proposer):
         pool: int = 4,
         calibration: str | None = None,
         draft_head: str | None = None,
+        shortlist: bool = True,
     ):
         self.budget = check_positive("draft_budget", draft_budget)
         names = [s.strip() for s in str(sources).split(",") if s.strip()]
@@ -118,7 +120,8 @@ class Combined(Proposer):
             "local-draft": {"draft_budget": min(self.budget, 8), "rtt_ms": rtt_ms, "bandwidth_mbps": bandwidth_mbps,
                             "step_ms": step_ms, "token_ms": token_ms, "calibration": calibration},
             "feature-draft": {"draft_budget": min(self.budget, 16), "rtt_ms": rtt_ms, "bandwidth_mbps": bandwidth_mbps,
-                              "step_ms": step_ms, "token_ms": token_ms, "draft_head": draft_head},
+                              "step_ms": step_ms, "token_ms": token_ms, "draft_head": draft_head,
+                              "shortlist": shortlist},
         }
         self.sources = {name: make_proposer(name, **sub_opts[name]) for name in names}
         if lookahead not in ("auto", "on", "off"):

@@ -1,0 +1,36 @@
+"""``bench decoding`` end to end on the tiny model: what the results record, and bit-exact logits with
+batch-invariant kernels (the 20-prompt run on the default model is ``splitinfer bench decoding``)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from benchmarks.decoding import run_decoding_bench
+from benchmarks.decoding_report import format_report, summarize, targets
+from splitinfer.client import SplitModel
+from splitinfer.decoding.feature_head import head_files
+from splitinfer.models import load_model
+
+
+@pytest.mark.parametrize("batch_invariant", [False, True])
+def test_a_small_run_records_its_kernels_head_and_options(feature_head_dir, batch_invariant):
+    loaded = load_model("tiny-random", batch_invariant=batch_invariant)
+    sm = SplitModel(loaded, "2,2", wire_dtype="fp32")
+    results = run_decoding_bench(sm, max_new_tokens=12, prompts_per_category=1, ablation=False,
+                                 proposers=["sequential", "ngram-pool", "combined", "feature-draft"],
+                                 draft_head=str(feature_head_dir), feature_draft_options={"shortlist": False})
+    cfg = results["config"]
+    assert cfg["kernels"] == ("batch-invariant" if batch_invariant else "default") and cfg["device"] == "cpu"
+    assert cfg["draft_head_sha256"] == hashlib.sha256(head_files(feature_head_dir)[0].read_bytes()).hexdigest()
+    assert cfg["feature_draft_options"] == {"shortlist": False}
+    runs = results["runs"]
+    assert {"feature-draft", "combined+feature-draft", "combined", "ngram-pool"} <= set(runs)
+    assert all(r["token_identical"] for recs in runs.values() for r in recs)
+    if batch_invariant:  # bit for bit: every proposer, and the unsplit model in 16-token forwards
+        assert all(r["max_logit_diff"] == 0.0 for recs in runs.values() for r in recs)
+        assert results["noise_floor"]["max"] == 0.0
+    results["targets"] = targets(summarize(results), results)
+    report = format_report(results)
+    assert f"{cfg['kernels']} kernels" in report and "fitted CPU costs" in report
