@@ -94,7 +94,8 @@ def cmd_generate(args) -> int:
     if args.json:
         print(json.dumps({**s, "model": loaded.spec, "model_sha256": loaded.sha256, "split": str(sm.split),
                           "rtt_ms": args.rtt_ms, "bandwidth_mbps": args.bandwidth_mbps,
-                          "wire_dtype": args.wire_dtype}))
+                          "wire_dtype": args.wire_dtype,
+                          "kernels": "batch-invariant" if args.batch_invariant else "default"}))
     return 0
 
 

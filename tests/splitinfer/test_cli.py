@@ -14,6 +14,17 @@ def test_generate_json_summary(capsys):
         assert key in summary
     assert summary["steps"] == len(summary["token_ids"]) <= 6
     assert "tok/s" in out.err
+    assert summary["kernels"] == "default"
+
+
+def test_generate_with_batch_invariant_kernels(capsys):
+    argv = ["generate", "--model", "tiny-random", "--max-new-tokens", "8", "--wire-dtype", "fp32", "--json",
+            "--decoding", "prompt-lookup", "the cat sat on the mat. the cat sat on the mat. the cat"]
+    assert main(argv + ["--batch-invariant"]) == 0
+    exact = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main(argv) == 0
+    plain = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert exact["kernels"] == "batch-invariant" and exact["token_ids"] == plain["token_ids"]
 
 
 def test_errors_are_one_line(capsys):
