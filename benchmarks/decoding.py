@@ -189,10 +189,14 @@ def run_decoding_bench(
 ) -> dict:
     """Run the whole benchmark and return its results (see the module docstring)."""
     prompts = {c: ps[:prompts_per_category] for c, ps in PROMPTS.items()}
+    wanted = proposers or list_proposers()
+    if feature_draft_options and "feature-draft" in wanted:  # a bad option fails now, not after an hour
+        make_proposer("feature-draft", **feature_draft_options)
+        if "combined" in wanted:
+            make_proposer("combined", sources="feature-draft", **feature_draft_options)
     bench = DecodingBench(sm, prompts, max_new_tokens, tolerance)
     t_start = time.perf_counter()
     bench.reference()
-    wanted = proposers or list_proposers()
     names = [n for n in wanted if n not in ("sequential", "combined", "local-draft", "feature-draft")]
     for name in names:
         bench.measure(name, name)
@@ -218,6 +222,7 @@ def run_decoding_bench(
     results = {
         "config": {"model": sm.loaded.spec, "model_sha256": sm.loaded.sha256, "split": str(sm.split),
                    "kernels": "batch-invariant" if batch_invariant.is_enabled(sm.loaded.model) else "default",
+                   "batch_invariant_padding": batch_invariant.padding(sm.loaded.model),
                    "device": str(sm.device),
                    "wire_dtype": "fp32", "max_new_tokens": max_new_tokens, "prompts": prompts,
                    "tolerance": tolerance, "combined_options": combined_opts, "draft_calibration": draft_calibration,

@@ -61,8 +61,8 @@ def register(bsub) -> None:
     d.add_argument("--draft-head", default=None, metavar="DIR",
                    help="feature-draft's trained head (see `splitinfer draft-train`; default: its cache directory)")
     d.add_argument("--feature-draft-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="an option of feature-draft, alone and as a source of combined, e.g. shortlist=false "
-                        "(repeatable)")
+                   help="an option of feature-draft, alone and as a source of combined (so one both take: "
+                        "shortlist=false or draft_head=DIR; repeatable)")
     d.add_argument("--out", default="reports/decoding", help="directory for decoding.json and plots")
     d.add_argument("--report-only", default=None, metavar="DECODING_JSON",
                    help="rebuild the report, summary.json and plots from an earlier run's decoding.json")

@@ -57,14 +57,14 @@ def _read_url(proc: subprocess.Popen, timeout_s: float) -> str:
     raise SplitInferError(f"the body server exited with code {proc.returncode}: {last}")
 
 
-def server_memory(spec: str, split: str, drive, timeout_s: float = 600.0) -> dict[str, int]:
+def server_memory(spec: str, split: str, drive, timeout_s: float = 600.0, batch_invariant: bool = False) -> dict[str, int]:
     """Start ``splitinfer serve --model spec --split split`` on a free port, call ``drive(url)``, measure.
 
     ``drive`` runs the client side (e.g. a generation through ``SplitModel(..., cloud=url)``).
     Returns ``{"loaded_rss_bytes", "peak_rss_bytes"}`` of the server process ({} off Linux).
     """
     cmd = [sys.executable, "-m", "splitinfer.cli", "serve", "--model", spec, "--split", split, "--port", "0",
-           "--workers", "1"]
+           "--workers", "1", *(["--batch-invariant"] if batch_invariant else [])]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         url = _read_url(proc, timeout_s)

@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from splitinfer import batch_invariant
 from splitinfer.client import SplitModel
 from splitinfer.link import WanProfile
 from splitinfer.models import LoadedModel
@@ -120,7 +121,7 @@ def run_speed(
         def drive(url: str) -> None:
             SplitModel(loaded, split, cloud=url, wire_dtype=wire).generate(prompt_ids, n_tokens, stop_on_eos=False)
 
-        cloud_rss = measure(loaded.spec, str(split), drive)
+        cloud_rss = measure(loaded.spec, str(split), drive, batch_invariant=batch_invariant.is_enabled(loaded.model))
     return {
         "model": loaded.spec,
         "model_sha256": loaded.sha256,

@@ -32,7 +32,10 @@ and attention is one call per query row. It is opt-in (``--batch-invariant``)
 for exactness checks; the default kernels are faster and agree to the float32
 floor. Deviation from the paper: we pick padding empirically instead of
 writing fixed-split-size kernels, so the guarantee is the probe's, on this
-machine, for the shapes it checks (row counts up to ``4m + 1``). The kernels
+machine, for the row counts it checks (every padded height up to
+:data:`MAX_ROWS`; larger forwards, i.e. long prompts, are prefills that both
+decoding paths run alike). ``enable`` probes again after a move to another
+device or dtype (call it again after moving the model). The kernels
 are invariant to the batch, not to the machine: a process with another thread
 count or CPU may round differently, so compare speculative and sequential
 decoding through the same processes (a cloud body must run them too: the
@@ -52,6 +55,7 @@ from splitinfer.errors import SplitInferError
 ATTENTION_NAME = "splitinfer_batch_invariant"
 PAD_CHOICES = (8, 16, 32, 64)
 ROWS = 0  # "multiple" meaning: multiply every row on its own
+MAX_ROWS = 136  # the probe checks every padded height up to here: verify forwards carry at most 65 rows
 
 
 def _padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, multiple: int) -> torch.Tensor:
@@ -68,16 +72,20 @@ def _padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 @torch.no_grad()
 def _is_row_invariant(weight: torch.Tensor, bias: torch.Tensor | None, multiple: int, seed: int = 0) -> bool:
-    """True when every row's product is bitwise the same for row counts 1..4m+1 at offsets 0, 1, 5."""
-    span = 4 * max(multiple, 8) + 1
+    """True when every row's product is bitwise the same as alone, at every padded height up to MAX_ROWS.
+
+    Each height k*m (k = 1, 2, ...) is checked full and with m - 1 rows of padding, at offsets 0 and 1
+    (row 0 of one call is another row of the next).
+    """
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(span + 5, weight.shape[1], generator=gen).to(weight.device, weight.dtype)  # (span+5, K)
+    x = torch.randn(MAX_ROWS + 1, weight.shape[1], generator=gen).to(weight.device, weight.dtype)  # (R+1, K)
     alone = torch.cat([_padded_linear(x[i : i + 1], weight, bias, multiple) for i in range(x.shape[0])])
-    for rows in sorted({1, 2, 3, 7, multiple - 1, multiple, multiple + 1, 2 * multiple + 3, span} - {0, -1}):
-        for start in (0, 1, 5):
-            got = _padded_linear(x[start : start + rows], weight, bias, multiple)
-            if not torch.equal(got, alone[start : start + rows]):
-                return False
+    for height in range(multiple, MAX_ROWS + 1, multiple):
+        for rows in sorted({height, height - multiple + 1}):
+            for start in (0, 1):
+                got = _padded_linear(x[start : start + rows], weight, bias, multiple)
+                if not torch.equal(got, alone[start : start + rows]):
+                    return False
     return True
 
 
@@ -92,37 +100,34 @@ def probe_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> int:
 def _linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """Replaces ``nn.Linear.forward`` on one module: (..., K) -> (..., N) through :func:`_padded_linear`."""
     flat = x.reshape(-1, x.shape[-1])  # (M, K)
-    return _padded_linear(flat, self.weight, self.bias, self._bi_multiple).reshape(*x.shape[:-1], -1)
+    return _padded_linear(flat, self.weight, self.bias, self._bi_multiple).reshape(*x.shape[:-1], self.out_features)
 
 
 def batch_invariant_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
                               scaling: float | None = None, **kwargs):
     """Attention one query row at a time over the keys its mask allows, gathered contiguously.
 
-    query: (B, H, T, D); key/value: (B, H_kv, S, D) with the new tokens last;
-    attention_mask: bool (B|1, 1, T, S) True = may attend, additive float of the
-    same shape, or None (causal). Returns ((B, T, H, D), None) like transformers'
-    sdpa attention.
+    query: (B, H, T, D); key/value: (B, H_kv, S, D|Dv) with the new tokens last;
+    attention_mask: bool (B|1, 1, T, S) True = may attend, an additive float
+    mask of 0 / large negative entries, or None, which means what it means to
+    transformers' sdpa: every key for one query row or a non-causal module,
+    else causal from the first key (sdpa then crops the keys to the first T).
+    Returns ((B, T, H, Dv), None) like transformers' sdpa attention.
     """
     if kwargs.get("softcap") is not None:
         raise SplitInferError("batch-invariant attention does not support attention logit soft-capping")
+    for name in ("s_aux", "sinks", "position_bias"):
+        if kwargs.get(name) is not None:
+            raise SplitInferError(f"batch-invariant attention does not support {name}")
     if dropout:
         raise SplitInferError("batch-invariant attention is for inference: dropout must be 0")
-    groups = getattr(module, "num_key_value_groups", 1)
-    if groups > 1:
-        key = key.repeat_interleave(groups, dim=1)  # (B, H, S, D)
-        value = value.repeat_interleave(groups, dim=1)
-    b, _, t, _ = query.shape
+    b, h, t, _ = query.shape
     s = key.shape[2]
-    if attention_mask is None:
-        allowed = torch.ones(t, s, dtype=torch.bool).tril(s - t)[None, None]  # causal: row i sees keys <= s-t+i
-    elif attention_mask.dtype == torch.bool:
-        allowed = attention_mask.cpu()
-    else:
-        allowed = (attention_mask > torch.finfo(attention_mask.dtype).min / 2).cpu()
-    if allowed.shape[1] != 1:
-        raise SplitInferError("batch-invariant attention needs a mask shared by all heads")
-    out = query.new_empty(b, t, query.shape[1], query.shape[3])  # (B, T, H, D)
+    if h % key.shape[1]:
+        raise SplitInferError(f"batch-invariant attention: {h} query heads do not share {key.shape[1]} key heads")
+    gqa = {"enable_gqa": True} if h != key.shape[1] else {}  # keys stay (B, H_kv, S, D): no copy per group
+    allowed = _allowed(module, attention_mask, t, s, kwargs.get("is_causal"))  # (B|1, 1, T, S)
+    out = query.new_empty(b, t, h, value.shape[-1])  # (B, T, H, Dv)
     for bi in range(b):
         rows = allowed[bi if allowed.shape[0] > 1 else 0, 0]  # (T, S)
         for i in range(t):
@@ -130,8 +135,27 @@ def batch_invariant_attention(module, query, key, value, attention_mask, dropout
             k = key[bi : bi + 1].index_select(2, idx)  # (1, H, n_i, D) contiguous
             v = value[bi : bi + 1].index_select(2, idx)
             q = query[bi : bi + 1, :, i : i + 1].contiguous()  # (1, H, 1, D)
-            out[bi, i] = F.scaled_dot_product_attention(q, k, v, scale=scaling)[0, :, 0]
+            out[bi, i] = F.scaled_dot_product_attention(q, k, v, scale=scaling, **gqa)[0, :, 0]
     return out, None
+
+
+def _allowed(module, mask: torch.Tensor | None, t: int, s: int, is_causal: bool | None) -> torch.Tensor:
+    """Which keys each query row may see: bool (B|1, 1, T, S) on the CPU (see batch_invariant_attention)."""
+    if mask is None:
+        causal = getattr(module, "is_causal", True) if is_causal is None else bool(is_causal)
+        full = torch.ones(t, s, dtype=torch.bool)
+        return (full if t == 1 or not causal else full.tril(0))[None, None]
+    if mask.dim() != 4 or mask.shape[-2:] != (t, s):
+        raise SplitInferError(f"batch-invariant attention got a mask of shape {list(mask.shape)} for {t} queries "
+                              f"and {s} keys")
+    if mask.shape[1] != 1:
+        raise SplitInferError("batch-invariant attention needs a mask shared by all heads")
+    if mask.dtype == torch.bool:
+        return mask.cpu()
+    blocked = mask <= torch.finfo(mask.dtype).min / 2
+    if bool((mask[~blocked] != 0).any()):
+        raise SplitInferError("batch-invariant attention takes masks, not additive attention biases")
+    return (~blocked).cpu()
 
 
 def _register() -> None:
@@ -156,16 +180,23 @@ def enable(module: nn.Module, config=None) -> dict[str, int]:
     config._attn_implementation = ATTENTION_NAME
     chosen: dict[tuple, int] = {}
     for lin in module.modules():
-        if not isinstance(lin, nn.Linear) or getattr(lin, "_bi_multiple", None) is not None:
-            if isinstance(lin, nn.Linear):
-                chosen.setdefault(_key(lin), lin._bi_multiple)
+        if not isinstance(lin, nn.Linear):
             continue
         k = _key(lin)
-        if k not in chosen:
+        if getattr(lin, "_bi_key", None) == k:  # probed for this shape, dtype and device already
+            chosen.setdefault(k, lin._bi_multiple)
+            continue
+        if k not in chosen:  # new, or moved to another device / dtype since: probe again
             chosen[k] = probe_linear(lin.weight, lin.bias)
-        lin._bi_multiple = chosen[k]
+        lin._bi_multiple, lin._bi_key = chosen[k], k
         lin.forward = MethodType(_linear_forward, lin)  # instance attribute: parameter names unchanged
-    return {f"{k[0]}x{k[1]}" + ("+bias" if k[2] else ""): m for k, m in chosen.items()}
+    return padding(module)
+
+
+def padding(module: nn.Module) -> dict[str, int]:
+    """``{"OUTxIN[+bias] dtype device": padding multiple}`` of ``module``'s batch-invariant linears (0 = per row)."""
+    return {f"{k[0]}x{k[1]}{'+bias' if k[2] else ''} {str(k[3]).removeprefix('torch.')} {k[4]}": m._bi_multiple
+            for m in module.modules() if isinstance(m, nn.Linear) and (k := getattr(m, "_bi_key", None))}
 
 
 def _key(lin: nn.Linear) -> tuple:
@@ -177,4 +208,4 @@ def is_enabled(module: nn.Module) -> bool:
     config = getattr(module, "config", None)
     linears = [m for m in module.modules() if isinstance(m, nn.Linear)]
     return (getattr(config, "_attn_implementation", None) == ATTENTION_NAME
-            and all(getattr(m, "_bi_multiple", None) is not None for m in linears))
+            and all(getattr(m, "_bi_key", None) == _key(m) for m in linears))

@@ -126,8 +126,10 @@ def cmd_draft_train(args) -> int:
     path = save_head(head, out, meta)
     h = meta["heldout"]
     print(f"feature-draft head ({meta['generated_tokens']} greedy tokens from {meta['prompts']} prompts, "
-          f"{meta['steps']} steps, {meta['timings_s']['total_s']:.0f} s, draft vocabulary {meta['draft_vocab']} covering "
-          f"{100 * meta['draft_vocab_coverage']:.1f}% of held-out tokens) written to {path}; held-out top-1 per depth "
+          f"{meta['steps']} steps, {meta['timings_s']['total_s']:.0f} s, draft vocabulary {meta['draft_vocab']}"
+          + ("" if meta["draft_vocab_coverage"] is None else
+             f" covering {100 * meta['draft_vocab_coverage']:.1f}% of held-out generated tokens")
+          + f") written to {path}; held-out top-1 per depth "
           f"{h['top1_per_depth']}, chain {h['chain_per_depth']}; use it with --decoding feature-draft"
           + ("" if args.out is None else f" --draft-head {out}"))
     return 0

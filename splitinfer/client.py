@@ -153,7 +153,10 @@ class SplitModel:
         if info["batch_invariant"]:  # exact logits need the same kernels on both sides
             expect["batch_invariant"] = True
         self.remote = RemoteBody(link, expect)
-        self.remote.hello()
+        welcome = self.remote.hello()
+        if info["batch_invariant"] and welcome.get("batch_invariant") is not True:  # a server from before the flag
+            raise SplitInferError("this client uses batch-invariant kernels but the cloud body does not say it "
+                                  "does: start the server with --batch-invariant (and this version of splitinfer)")
         self.device = next(model.parameters()).device
         self.max_context = int(getattr(model.config, "max_position_embeddings", 0) or 0)
 

@@ -18,7 +18,10 @@
    then the most frequent in them, then the lowest ids (BPE merge order),
    as FR-Spec (Zhao et al. 2025) ranks its shortlist by corpus frequency.
    Training and the held-out check read out only those LM-head rows; a label
-   outside the shortlist counts as a miss. ``vocab=0`` keeps all tokens.
+   outside the shortlist adds no cross-entropy term in training and counts
+   as a miss in the held-out check, whose coverage (share of held-out
+   generated positions whose label is in the shortlist) the metadata
+   records. ``vocab=0`` keeps all tokens.
 5. *Training*: windows of ``unroll`` positions; the head starts from the true
    ``s_{t-1}`` and then feeds its OWN predicted features (EAGLE's fix for
    feature uncertainty) with the true next tokens; loss = cross-entropy of
@@ -186,7 +189,9 @@ def windows(lengths: list[int], starts_from: list[int], unroll: int) -> torch.Te
 
 
 def unrolled_logits(head: FeatureHead, lm_head, feats, tokens, emb, starts, unroll):
-    """Unroll the head from true s_{t-1} over ``unroll`` depths: per depth (B, V) logits and (B, d) features."""
+    """Unroll the head from true s_{t-1} over ``unroll`` depths: per depth (B, K) logits and (B, d) features.
+
+    K is the draft vocabulary: the shortlist, or all V tokens."""
     h = feats[starts - 1]  # (B, d)
     out = []
     for j in range(unroll):
@@ -303,19 +308,19 @@ def draft_train(loaded, *, tokens: int = 12000, seed: int = 0, hidden: int = 102
         data.update({k: v.to(dev) for k, v in data.items() if isinstance(v, torch.Tensor)})
     w = model.lm_head.weight.detach().float()  # (V, d) frozen
     n_vocab = int(w.shape[0])
-    shortlist, coverage = None, 1.0
+    shortlist, coverage = None, None
     if 0 < vocab < n_vocab:
         shortlist = vocab_shortlist(train_data["labels"], train_data["tokens"], n_vocab, vocab).to(dev)  # (K,)
         index = torch.full((n_vocab,), -100, dtype=torch.long, device=dev)  # token id -> shortlist row
         index[shortlist] = torch.arange(len(shortlist), device=dev)
         gen_pos = held_data["starts"].unique()
-        coverage = float((index[held_data["labels"][gen_pos]] >= 0).float().mean()) if len(gen_pos) else 1.0
+        coverage = float((index[held_data["labels"][gen_pos]] >= 0).float().mean()) if len(gen_pos) else None
         for data in (train_data, held_data):
             data["labels"] = index[data["labels"]]
         w = w[shortlist]  # (K, d)
     softcap = getattr(model.config, "final_logit_softcapping", None)
 
-    def lm_head(h):  # (B, d) -> (B, V)
+    def lm_head(h):  # (B, d) -> (B, K): the draft vocabulary's rows
         logits = F.linear(h, w)
         return torch.tanh(logits / softcap) * softcap if softcap else logits
 
@@ -332,7 +337,7 @@ def draft_train(loaded, *, tokens: int = 12000, seed: int = 0, hidden: int = 102
     timings["total_s"] = time.perf_counter() - t0
     meta = {
         "model": loaded.spec, "model_sha256": loaded.sha256 or "", "vocab_size": n_vocab,
-        "draft_vocab": n_vocab if shortlist is None else len(shortlist), "draft_vocab_coverage": round(coverage, 4),
+        "draft_vocab": n_vocab if shortlist is None else len(shortlist), "draft_vocab_coverage": None if coverage is None else round(coverage, 4),
         "seed": seed, "unroll": unroll, "steps": steps, "batch": batch, "lr": lr, "reg_weight": reg_weight,
         "prompt_source": "corpora train split" if prompt_texts is None else "prompts file",
         "corpora": list(CORPORA) if prompt_texts is None else [],
