@@ -194,6 +194,7 @@ def plot(results: dict, out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    hw = hardware(results)
     table = summarize(results)
     main = [k for k in table if " " not in k or k == "combined gpu-flat@80ms"]
     cats = [c for c in CATEGORIES if c in table[main[0]]["tau"]]
@@ -211,11 +212,10 @@ def plot(results: dict, out: Path) -> list[Path]:
     for kind, style in (("cpu", "-o"), ("flat", "--s")):
         for rtt in RTTS:
             vals = [sum(table[k][f"{kind}@{rtt:g}"].values()) / len(cats) for k in main]
-            axes[1].plot(main, vals, style, label=f"{kind} {rtt:g} ms")
+            axes[1].plot(main, vals, style, label=f"{hw.lower() if kind == 'cpu' else kind} {rtt:g} ms")
     axes[1].set_ylabel(f"modelled tok/s at {BANDWIDTH:g} Mbit/s")
     axes[1].tick_params(axis="x", rotation=45, labelsize=7)
-    axes[1].set_title(f"modelled throughput, mean over categories (cpu: this {hardware(results)}'s fitted costs; "
-                      "flat: GPU-like)")
+    axes[1].set_title(f"modelled tok/s, mean of categories ({hw.lower()}: fitted here; flat: GPU-like)")
     axes[1].legend(fontsize=7)
     fig.tight_layout()
     paths.append(out / "decoding_tau.png")
