@@ -229,10 +229,6 @@ def load_body(spec: str, split: SplitConfig, dtype: str = "fp32", device: str = 
         check_device(device)
     weights = weights_dir(spec, seed)
     body = CloudBody.from_weights(weights, split, DTYPES[dtype], "cpu" if device_map else device)
-    if device_map == "auto":
-        body = place_auto(body)
-    if batch_invariant:
-        bi.enable(body)  # after placement: the padding is probed on the devices that will run it
     cfg = body.config
     info = {
         "model": spec,
@@ -240,8 +236,12 @@ def load_body(spec: str, split: SplitConfig, dtype: str = "fp32", device: str = 
         "hidden_size": cfg.hidden_size,
         "split": str(split),
         "num_layers": cfg.num_hidden_layers,
-        "batch_invariant": bi.is_enabled(body),
     }
+    if device_map == "auto":
+        body = place_auto(body)
+    if batch_invariant:
+        bi.enable(body)  # after placement: the padding is probed on the devices that will run it
+    info["batch_invariant"] = bi.is_enabled(body)
     return body, info
 
 
