@@ -132,7 +132,7 @@ def batch_invariant_attention(module, query, key, value, attention_mask, dropout
         rows = allowed[bi if allowed.shape[0] > 1 else 0, 0]  # (T, S)
         for i in range(t):
             idx = rows[i].nonzero().squeeze(1).to(key.device)  # (n_i,)
-            k = key[bi : bi + 1].index_select(2, idx)  # (1, H, n_i, D) contiguous
+            k = key[bi : bi + 1].index_select(2, idx)  # (1, H_kv, n_i, D) contiguous
             v = value[bi : bi + 1].index_select(2, idx)
             q = query[bi : bi + 1, :, i : i + 1].contiguous()  # (1, H, 1, D)
             out[bi, i] = F.scaled_dot_product_attention(q, k, v, scale=scaling, **gqa)[0, :, 0]
