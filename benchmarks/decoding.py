@@ -221,7 +221,7 @@ def run_decoding_bench(
     model = fit(all_steps, 0.0, None, skip_prefill=False)
     results = {
         "config": {"model": sm.loaded.spec, "model_sha256": sm.loaded.sha256, "split": str(sm.split),
-                   "kernels": "batch-invariant" if batch_invariant.is_enabled(sm.loaded.model) else "default",
+                   "kernels": batch_invariant.kernels(sm.loaded.model),
                    "batch_invariant_padding": batch_invariant.padding(sm.loaded.model),
                    "device": str(sm.device),
                    "wire_dtype": "fp32", "max_new_tokens": max_new_tokens, "prompts": prompts,

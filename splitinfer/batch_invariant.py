@@ -27,7 +27,7 @@ Inference", 2025), with off-the-shelf kernels instead of new ones:
   position, so the kernel computes the same float32 sums.
 
 Everything else in a decoder layer is per-row or elementwise. The cost: a
-1-token step multiplies ``m`` rows instead of one (about 3x slower on a CPU),
+1-token step multiplies ``m`` rows instead of one (sequential decoding about 1.8x slower on a CPU),
 and attention is one call per query row. It is opt-in (``--batch-invariant``)
 for exactness checks; the default kernels are faster and agree to the float32
 floor. Deviation from the paper: we pick padding empirically instead of
@@ -209,3 +209,8 @@ def is_enabled(module: nn.Module) -> bool:
     linears = [m for m in module.modules() if isinstance(m, nn.Linear)]
     return (getattr(config, "_attn_implementation", None) == ATTENTION_NAME
             and all(getattr(m, "_bi_key", None) == _key(m) for m in linears))
+
+
+def kernels(module: nn.Module) -> str:
+    """The name results record for ``module``'s kernels: 'batch-invariant' or 'default'."""
+    return "batch-invariant" if is_enabled(module) else "default"

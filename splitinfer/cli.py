@@ -60,6 +60,7 @@ def load_for_cli(args):
 
 
 def cmd_generate(args) -> int:
+    from splitinfer import batch_invariant
     from splitinfer.client import SplitModel
     from splitinfer.cloud_cli import cloud_link
     from splitinfer.decoding.cli_args import decoding_options
@@ -95,7 +96,7 @@ def cmd_generate(args) -> int:
         print(json.dumps({**s, "model": loaded.spec, "model_sha256": loaded.sha256, "split": str(sm.split),
                           "rtt_ms": args.rtt_ms, "bandwidth_mbps": args.bandwidth_mbps,
                           "wire_dtype": args.wire_dtype,
-                          "kernels": "batch-invariant" if args.batch_invariant else "default"}))
+                          "kernels": batch_invariant.kernels(loaded.model)}))
     return 0
 
 
