@@ -238,22 +238,19 @@ class InversionAttack(ABC):
         return directory
 
     @classmethod
-    def load(cls, directory: str | Path, model: Any = None) -> InversionAttack:
-        """Load a checkpoint written by :meth:`save` (``model``: a LoadedModel, for recipes needing weights)."""
-        from attacks.registry import get_attack_class
+    def restore(cls, directory: str | Path, cfg: dict[str, Any], model: Any = None) -> InversionAttack:
+        """Rebuild this recipe from checkpoint ``directory`` whose :func:`read_config` is ``cfg``.
 
-        cfg = read_config(directory)
-        klass = get_attack_class(cfg["recipe"])
-        if cls is not InversionAttack and not issubclass(klass, cls):
-            raise AttackError(f"checkpoint {directory} holds a {cfg['recipe']!r} attack, not {cls.name!r}; load it "
-                              "with InversionAttack.load or attacks.registry.load_attack")
+        ``model``: a LoadedModel, for recipes needing weights. Use
+        :func:`attacks.registry.load_attack` to load a checkpoint of any recipe.
+        """
         meta = cfg.get("meta", {})
         if model is not None and meta.get("model_sha256") and model.sha256 != meta["model_sha256"]:
             raise AttackError(f"model mismatch: checkpoint {directory} was trained on {meta.get('model')} (sha256 "
                               f"{meta['model_sha256'][:12]}...) but the model given is {model.spec} (sha256 "
                               f"{model.sha256[:12]}...); load the checkpoint's model")
         try:
-            attack = klass(model=model, seed=cfg.get("seed", 0), **cfg.get("hparams", {}))
+            attack = cls(model=model, seed=cfg.get("seed", 0), **cfg.get("hparams", {}))
         except TypeError as e:
             raise AttackError(f"checkpoint {directory} has bad hyper-parameters ({e}); retrain it") from None
         attack.meta.update(meta)

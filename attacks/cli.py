@@ -1,35 +1,34 @@
-"""``splitinfer attack ...``: corpora listing and activation extraction (training and evaluation as they land)."""
+"""``splitinfer attack ...``: corpora listing and activation extraction; ``train | eval | list`` in :mod:`attacks.train`."""
 
 from __future__ import annotations
 
 import json
 import time
 
-
-def quiet_datasets() -> None:
-    """Keep the datasets library's progress bars ("Saving the dataset ...") and info logs off the terminal."""
-    try:
-        import datasets
-
-        datasets.disable_progress_bars()
-        datasets.utils.logging.set_verbosity_error()
-    except ImportError:  # pragma: no cover
-        pass
+from attacks.train import boundary_list
+from splitinfer.cli_flags import (
+    ModelFlags,
+    add_deprecated,
+    add_model_args,
+    add_subset,
+    positive_int,
+    quiet_datasets,
+)
 
 
 def cmd_corpora(args) -> int:
     from attacks.corpora import count_tokens, list_corpora, load_corpus
-    from splitinfer.cli import load_for_cli
 
     quiet_datasets()
-    tokenizer = load_for_cli(args).tokenizer if args.tokens else None
+    model = ModelFlags.from_args(args)
+    tokenizer = model.load().tokenizer if args.count_tokens else None
     print(f"{'corpus':<8} {'genre':<10} {'split':<6} {'docs':>6} {'tokens':>10}  description")
     for info in list_corpora():
         if ":" in info["name"]:  # a pattern such as file:<path> or hf:<dataset>...: nothing to load
             print(f"{info['name']}\n{'':<8} {info['genre']:<10} {'-':<6} {'-':>6} {'-':>10}  {info['description']}")
             continue
         for split in ("train", "val", "test"):
-            ds = load_corpus(info["name"], split=split, seed=args.seed, tokenizer=tokenizer)
+            ds = load_corpus(info["name"], split=split, seed=model.seed, tokenizer=tokenizer)
             n_tok = count_tokens(ds, tokenizer) if tokenizer is not None else "-"
             desc = info["description"] if split == "train" else ""
             print(f"{info['name']:<8} {info['genre']:<10} {split:<6} {len(ds):>6} {n_tok:>10}  {desc}")
@@ -37,24 +36,21 @@ def cmd_corpora(args) -> int:
 
 
 def cmd_extract(args) -> int:
-    from attacks.errors import AttackError
-    from attacks.taps import Boundary, extract_corpora, parse_corpora
-    from splitinfer.cli import load_for_cli
+    from attacks.taps import extract_corpora, parse_corpora
 
     quiet_datasets()
     corpora = parse_corpora(args.corpus)
-    boundaries = [Boundary.parse(b) for b in args.boundary.split(",") if b.strip()]
-    if not boundaries:
-        raise AttackError("no boundary given; name one or more, e.g. --boundary head:2,tail:2")
-    loaded = load_for_cli(args)
+    boundaries = args.boundary
+    model = ModelFlags.from_args(args)
+    loaded = model.load()
     for b in boundaries:  # fail on a bad boundary before any work
         b.validate(loaded.num_layers)
     rows = []
     for b in boundaries:
         t0 = time.perf_counter()
         sets = extract_corpora(
-            loaded, corpora, b, args.split, max_tokens=args.max_tokens, max_length=args.max_length,
-            batch_size=args.batch_size, padded=args.padded, dtype=args.store_dtype, seed=args.seed,
+            loaded, corpora, b, args.subset, max_tokens=args.max_tokens, max_length=args.max_length,
+            batch_size=args.batch_size, padded=args.padded, dtype=args.store_dtype, seed=model.seed,
             progress=not args.json,
         )
         wall = time.perf_counter() - t0
@@ -74,48 +70,33 @@ def cmd_extract(args) -> int:
 
 
 def register(sub) -> None:
-    from splitinfer.cli import add_model_args
+    """Mount ``attack corpora | extract | train | eval | list`` on the ``splitinfer`` sub-command parser."""
+    from attacks.train import add_parsers  # train | eval | list
 
-    attack = sub.add_parser("attack", help="inversion attacks: corpora, extract, ...")
+    attack = sub.add_parser("attack", help="inversion attacks: corpora, extract, train, eval, list")
     asub = attack.add_subparsers(dest="attack_command", required=True)
     c = asub.add_parser("corpora", help="list the corpora with document (and token) counts per split")
     add_model_args(c, split_default=None)
-    c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--tokens", action="store_true", help="also count tokens with --model's tokenizer")
+    c.add_argument("--count-tokens", action="store_true", help="also count tokens with --model's tokenizer")
+    add_deprecated(c, "--tokens", "--count-tokens", "count_tokens", flag=True)
     c.set_defaults(func=cmd_corpora)
 
     e = asub.add_parser("extract", help="hidden states at a split boundary for corpora (cached under the cache dir)")
     add_model_args(e, split_default=None)
     e.add_argument("--corpus", required=True, help="comma-separated corpora: prose,code,chat,pii, file:PATH, hf:...")
-    e.add_argument("--boundary", required=True,
+    e.add_argument("--boundary", required=True, type=boundary_list,
                    help="comma-separated boundaries: head:A (after A layers; what the cloud receives) or tail:B "
                         "(after L-B layers; what the cloud returns to a B-layer tail)")
-    e.add_argument("--split", default=None, choices=["train", "val", "test", "all"],
-                   help="corpus split (default: train for built-in corpora, all for file:/hf:)")
-    e.add_argument("--max-tokens", type=_positive, default=200_000,
+    add_subset(e, "train for built-in corpora, all for file:/hf:")
+    e.add_argument("--max-tokens", type=positive_int, default=200_000,
                    help="total tokens, split evenly across the corpora (default %(default)s)")
-    e.add_argument("--max-length", type=_positive, default=256, help="tokens per sequence; longer documents are "
+    e.add_argument("--max-length", type=positive_int, default=256, help="tokens per sequence; longer documents are "
                    "cut into sequences (default %(default)s)")
-    e.add_argument("--batch-size", type=_positive, default=4, help="sequences per forward (default %(default)s)")
+    e.add_argument("--batch-size", type=positive_int, default=4, help="sequences per forward (default %(default)s)")
     e.add_argument("--padded", action="store_true", help="also batch unequal lengths with right padding (faster on "
                    "short documents; equal to the unpadded states up to float rounding)")
     e.add_argument("--store-dtype", default="fp16", choices=["fp16", "fp32"], help="stored hidden-state dtype")
-    e.add_argument("--seed", type=int, default=0, help="corpus split seed")
     e.add_argument("--json", action="store_true", help="no progress bar; print a JSON summary as the last line")
     e.set_defaults(func=cmd_extract)
 
-    from attacks.train import add_parsers  # train | eval | list (issue 6)
-
-    add_parsers(asub, _positive)
-
-
-def _positive(text: str) -> int:
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
-    return value
+    add_parsers(asub)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from attacks.base import REQUIREMENTS, SIDES, THREAT_MODELS, InversionAttack
+from attacks.base import REQUIREMENTS, SIDES, THREAT_MODELS, InversionAttack, read_config
 from attacks.errors import AttackError
 
 log = logging.getLogger(__name__)
@@ -83,5 +83,7 @@ def list_attacks() -> list[dict[str, Any]]:
 
 
 def load_attack(directory: str | Path, model: Any = None) -> InversionAttack:
-    """Load any attack checkpoint (see :meth:`InversionAttack.load`)."""
-    return InversionAttack.load(directory, model=model)
+    """Load any attack checkpoint written by :meth:`InversionAttack.save` (``model``: a LoadedModel, for recipes
+    needing weights; its sha256 must match the checkpoint's)."""
+    cfg = read_config(directory)
+    return get_attack_class(cfg["recipe"]).restore(directory, cfg, model=model)

@@ -52,7 +52,7 @@ from attacks.pii_templates import SPAN_TYPES
 from attacks.tapstore import (FORMAT_VERSION, TapSet, pii_label_array, read_index, read_shard_header, shard_name,
                               write_index, write_shard)
 from splitinfer.kv_cache import PartKVCache
-from splitinfer.partition import _LayerStack
+from splitinfer.partition import LayerStack
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class Boundary:
         return f"{self.side}:{self.layers}"
 
 
-class TruncatedForward(_LayerStack):
+class TruncatedForward(LayerStack):
     """Token embedding + decoder layers ``[0, depth)`` of a causal LM; returns the hidden states after them."""
 
     def __init__(self, model: torch.nn.Module, depth: int):
@@ -117,7 +117,7 @@ class TruncatedForward(_LayerStack):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids (B, T), right-padded if ragged -> hidden states (B, T, d); positions are 0..T-1."""
         positions = torch.arange(input_ids.shape[1])  # (T,)
-        return self._run_layers(self.embed_tokens(input_ids), positions, PartKVCache(), None)
+        return self.run_layers(self.embed_tokens(input_ids), positions, PartKVCache(), None)
 
 
 # ---------------------------------------------------------------------------- planning

@@ -5,7 +5,7 @@ for the train split (and the val split of built-in corpora), fits the recipe
 and writes the checkpoint (``config.json`` + ``attack.safetensors``) to
 ``--out``; gradient-trained recipes also write per-epoch training checkpoints
 under ``--out/checkpoints`` and resume from them. Under ``accelerate launch
---num_processes N`` the main process extracts first (the others then read the
+--num_processes N -m splitinfer.cli attack train ...`` the main process extracts first (the others then read the
 cache), training runs as DDP, and only the main process writes.
 
 ``eval`` loads a checkpoint with the model it records (checking the sha256),
@@ -18,27 +18,23 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from attacks.errors import AttackError
+from splitinfer.cli_flags import (
+    ModelFlags,
+    add_deprecated,
+    add_model_args,
+    add_subset,
+    parse_options,
+    positive_int,
+    quiet_datasets,
+)
+from splitinfer.errors import SplitInferError
 
 log = logging.getLogger(__name__)
-
-
-def parse_hparams(items: list[str] | None) -> dict[str, Any]:
-    """``["epochs=3", "protocol=seed"]`` -> ``{"epochs": 3, "protocol": "seed"}`` (JSON values where they parse)."""
-    out: dict[str, Any] = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise AttackError(f"bad --hparam {item!r}: write KEY=VALUE, e.g. --hparam epochs=3")
-        try:
-            out[key.strip()] = json.loads(value)
-        except ValueError:
-            out[key.strip()] = value
-    return out
 
 
 def _val_split_ok(corpora: list[str]) -> bool:
@@ -46,41 +42,38 @@ def _val_split_ok(corpora: list[str]) -> bool:
 
 
 def cmd_train(args) -> int:
-    from attacks.cli import quiet_datasets
     from attacks.registry import get_attack_class
-    from attacks.taps import Boundary, extract_corpora, parse_corpora
+    from attacks.taps import extract_corpora, parse_corpora
     from attacks.trainer import TrainConfig, get_accelerator
-    from splitinfer.cli import load_for_cli
 
     quiet_datasets()
     klass = get_attack_class(args.attack)
-    hparams = parse_hparams(args.hparam)
-    for flag in ("epochs", "lr", "batch_size"):
-        if getattr(args, flag) is not None and flag in klass.defaults:
-            hparams[flag] = getattr(args, flag)
+    hparams = attack_options(args.attack_option)
+    shortcuts = {"epochs": args.epochs, "lr": args.lr, "batch_size": args.batch_size}
+    hparams.update({k: v for k, v in shortcuts.items() if v is not None and k in klass.defaults})
     corpora = parse_corpora(args.corpus)
-    boundaries = [Boundary.parse(b) for b in args.boundary.split(",") if b.strip()]
-    if not boundaries:
-        raise AttackError("no boundary given, e.g. --boundary head:4")
+    boundaries = args.boundary
+    where = ",".join(map(str, boundaries))
     if len(boundaries) > 1 and klass.name != "depth-id":
-        raise AttackError(f"attack {klass.name!r} trains at one boundary; got {len(boundaries)}: {args.boundary}")
+        raise AttackError(f"attack {klass.name!r} trains at one boundary; got {len(boundaries)}: {where}")
     out = Path(args.out)
     acc = get_accelerator()
     main = acc is None or acc.is_main_process
-    loaded = load_for_cli(args)
+    model = ModelFlags.from_args(args)
+    loaded = model.load()
     for b in boundaries:
         b.validate(loaded.num_layers)
-    extract = dict(max_length=args.max_length, batch_size=args.extract_batch_size, seed=args.seed,
+    extract = dict(max_length=args.max_length, batch_size=args.extract_batch_size, seed=model.seed,
                    progress=main and not args.json)
     first = acc.main_process_first() if acc is not None else contextlib.nullcontext()
     with first:  # the main process extracts, the others then hit the cache
-        train = {str(b): extract_corpora(loaded, corpora, b, args.split, max_tokens=args.max_tokens, **extract)
+        train = {str(b): extract_corpora(loaded, corpora, b, args.subset, max_tokens=args.max_tokens, **extract)
                  for b in boundaries}
         val = None
-        if args.val_tokens and _val_split_ok(corpora) and args.split in (None, "train"):
+        if args.val_tokens and _val_split_ok(corpora) and args.subset in (None, "train"):
             val = {str(b): extract_corpora(loaded, corpora, b, "val", max_tokens=args.val_tokens, **extract)
                    for b in boundaries}
-    attack = klass(model=loaded, seed=args.seed, **hparams)
+    attack = klass(model=loaded, seed=model.seed, **hparams)
     trainer = TrainConfig(checkpoint_dir=str(out / "checkpoints"), resume=not args.no_resume,
                           progress=main and not args.json)
     if klass.name == "depth-id":
@@ -94,7 +87,7 @@ def cmd_train(args) -> int:
         summary = {"attack": attack.name, "threat_model": attack.threat_model, "out": str(out),
                    "boundary": attack.meta.get("boundary"), "model": loaded.spec, "model_sha256": loaded.sha256,
                    "train_tokens": attack.meta.get("train_tokens"), "fit_report": attack.fit_report}
-        print(f"trained {attack.name} at {args.boundary} on {','.join(corpora)}: checkpoint in {out}")
+        print(f"trained {attack.name} at {where} on {','.join(corpora)}: checkpoint in {out}")
         if args.json:
             print(json.dumps(summary, default=str))
     if acc is not None:
@@ -104,30 +97,30 @@ def cmd_train(args) -> int:
 
 def cmd_eval(args) -> int:
     from attacks.base import read_config
-    from attacks.cli import quiet_datasets
     from attacks.evaluate import flat_report, prior_tokens, score
     from attacks.registry import load_attack
     from attacks.tapdata import as_taps
     from attacks.taps import Boundary, extract_corpora, parse_corpora
-    from splitinfer.cli import load_for_cli
 
     quiet_datasets()
     cfg = read_config(args.attacker)
     meta = cfg.get("meta", {})
-    args.model = args.model or meta.get("model")
-    if not args.model:
+    model = ModelFlags.from_args(args)
+    if not model.model and not meta.get("model"):
         raise AttackError(f"checkpoint {args.attacker} records no model; pass --model")
-    loaded = load_for_cli(args)
+    model = replace(model, model=model.model or meta["model"])
+    loaded = model.load()
     attack = load_attack(args.attacker, model=loaded)
-    boundary = args.boundary or meta.get("boundary")
-    if not boundary:
+    if args.boundary is not None and len(args.boundary) != 1:
+        raise AttackError(f"eval scores at one boundary; got {len(args.boundary)}")
+    b = args.boundary[0] if args.boundary else (Boundary.parse(meta["boundary"]) if meta.get("boundary") else None)
+    if b is None:
         raise AttackError(f"attack {attack.name!r} has no fixed boundary; pass --boundary (e.g. head:4)")
-    b = Boundary.parse(boundary)
     b.validate(loaded.num_layers)
     corpora = parse_corpora(args.corpus)
-    split = args.split or (None if not _val_split_ok(corpora) else "test")
+    split = args.subset or (None if not _val_split_ok(corpora) else "test")
     sets = extract_corpora(loaded, corpora, b, split, max_tokens=args.max_tokens,
-                           max_length=args.max_length or meta.get("max_length") or 256, seed=args.seed,
+                           max_length=args.max_length or meta.get("max_length") or 256, seed=model.seed,
                            progress=not args.json)
     taps = as_taps(sets)
     extra = {"attack": attack.name, "threat_model": attack.threat_model, "boundary": str(b), "model": loaded.spec,
@@ -169,29 +162,52 @@ def cmd_list(args) -> int:
     return 0
 
 
-def add_parsers(asub, positive) -> None:
-    """Register ``train``, ``eval`` and ``list`` on the ``attack`` subparsers (called from attacks.cli)."""
-    from splitinfer.cli import add_model_args
+def boundary_list(text: str) -> tuple:
+    """argparse type: ``head:2,tail:2`` -> Boundaries, parsed once here (one-line error when bad)."""
+    import argparse
 
+    from attacks.errors import AttackError
+    from attacks.taps import Boundary
+
+    try:
+        out = tuple(Boundary.parse(b) for b in text.split(",") if b.strip())
+    except AttackError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if not out:
+        raise argparse.ArgumentTypeError("no boundary given; name one or more, e.g. --boundary head:2,tail:2")
+    return out
+
+
+def attack_options(items: list[str] | None) -> dict[str, Any]:
+    """``--attack-option KEY=VALUE`` items -> the recipe's hyper-parameters (JSON scalars where they parse)."""
+    try:
+        return parse_options(items, "--attack-option", "epochs=3")
+    except SplitInferError as e:
+        raise AttackError(str(e)) from None
+
+
+def add_parsers(asub) -> None:
+    """Register ``train``, ``eval`` and ``list`` on the ``attack`` subparsers (called from attacks.cli)."""
     t = asub.add_parser("train", help="train an inversion attacker on corpus taps; checkpoint as safetensors + JSON")
     add_model_args(t, split_default=None)
     t.add_argument("--attack", required=True, help="recipe name (see `splitinfer attack list`)")
-    t.add_argument("--boundary", required=True, help="head:A or tail:B (depth-id: several, comma-separated)")
+    t.add_argument("--boundary", required=True, type=boundary_list,
+                   help="head:A or tail:B (depth-id: several, comma-separated)")
     t.add_argument("--corpus", required=True, help="comma-separated corpora: prose,code,chat,pii, file:PATH, hf:...")
-    t.add_argument("--split", default=None, choices=["train", "val", "test", "all"],
-                   help="training split (default: train for built-in corpora, all for file:/hf:)")
-    t.add_argument("--max-tokens", type=positive, default=200_000,
+    add_subset(t, "train for built-in corpora, all for file:/hf:")
+    t.add_argument("--max-tokens", type=positive_int, default=200_000,
                    help="training tokens in total (default %(default)s)")
     t.add_argument("--val-tokens", type=int, default=20_000, help="validation tokens from the val split of "
                    "built-in corpora, for early stopping / model selection; 0 disables (default %(default)s)")
-    t.add_argument("--max-length", type=positive, default=256, help="tokens per sequence (default %(default)s)")
-    t.add_argument("--extract-batch-size", type=positive, default=4)
-    t.add_argument("--epochs", type=positive, default=None)
+    t.add_argument("--max-length", type=positive_int, default=256, help="tokens per sequence (default %(default)s)")
+    t.add_argument("--extract-batch-size", type=positive_int, default=4)
+    t.add_argument("--epochs", type=positive_int, default=None)
     t.add_argument("--lr", type=float, default=None)
-    t.add_argument("--batch-size", type=positive, default=None)
-    t.add_argument("--hparam", action="append", metavar="KEY=VALUE", help="recipe hyper-parameter (repeatable), "
-                   "e.g. --hparam protocol=seed --hparam width=1024")
-    t.add_argument("--seed", type=int, default=0, help="seed of the corpus split, initialisation and shuffling")
+    t.add_argument("--batch-size", type=positive_int, default=None)
+    t.add_argument("--attack-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="recipe hyper-parameter (repeatable), e.g. --attack-option protocol=seed "
+                        "--attack-option width=1024")
+    add_deprecated(t, "--hparam", "--attack-option", "attack_option", append=True)
     t.add_argument("--out", required=True, help="checkpoint directory")
     t.add_argument("--no-resume", action="store_true", help="ignore training checkpoints under OUT/checkpoints")
     t.add_argument("--json", action="store_true", help="no progress bars; print a JSON summary as the last line")
@@ -202,21 +218,14 @@ def add_parsers(asub, positive) -> None:
     e.set_defaults(model=None)
     e.add_argument("--attacker", required=True, help="checkpoint directory written by `attack train`")
     e.add_argument("--corpus", required=True, help="comma-separated corpora, e.g. file:PATH or pii")
-    e.add_argument("--split", default=None, choices=["train", "val", "test", "all"],
-                   help="default: test for built-in corpora, all for file:/hf:")
-    e.add_argument("--boundary", default=None, help="override the checkpoint's boundary (needed for depth-id)")
-    e.add_argument("--max-tokens", type=positive, default=50_000, help="tokens scored in total (default %(default)s)")
-    e.add_argument("--max-length", type=positive, default=None, help="default: the checkpoint's training value")
-    e.add_argument("--seed", type=int, default=0, help="corpus split seed")
+    add_subset(e, "test for built-in corpora, all for file:/hf:")
+    e.add_argument("--boundary", default=None, type=boundary_list,
+                   help="override the checkpoint's boundary (needed for depth-id)")
+    e.add_argument("--max-tokens", type=positive_int, default=50_000, help="tokens scored in total (default %(default)s)")
+    e.add_argument("--max-length", type=positive_int, default=None, help="default: the checkpoint's training value")
     e.add_argument("--json", action="store_true", help="no progress bars; print one JSON object as the last line")
     e.set_defaults(func=cmd_eval)
 
     ls = asub.add_parser("list", help="list attack recipes and their threat models")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_list)
-
-
-if __name__ == "__main__":  # pragma: no cover - `python -m attacks.train attack train ...` (accelerate launch -m)
-    from splitinfer.cli import main
-
-    sys.exit(main(sys.argv[1:]))

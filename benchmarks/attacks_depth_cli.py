@@ -4,38 +4,49 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
+
+from splitinfer.cli_flags import add_deprecated, int_list, name_list, parse_options, split_options
+from splitinfer.errors import SplitInferError
 
 log = logging.getLogger(__name__)
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(",") if x.strip())
+def hparams_json_items(text: str) -> list[str]:
+    """The deprecated ``--hparams JSON`` (``{"mlp": {"epochs": 20}}``) as ``--attack-option`` items (mlp.epochs=20)."""
+    try:
+        table = json.loads(text)
+        return [f"{name}.{key}={json.dumps(v)}" for name, extra in table.items() for key, v in extra.items()]
+    except (ValueError, AttributeError):
+        raise ValueError(f"{text!r} is not a JSON object of objects, e.g. '{{\"mlp\": {{\"epochs\": 20}}}}'") from None
 
 
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
+def attack_hparams(base: dict[str, dict], items: list[str]) -> dict[str, dict]:
+    """The study's per-attack hyper-parameters: ``base`` updated by ``--attack-option NAME.KEY=VALUE`` items."""
+    plain, nested = split_options(parse_options(items, "--attack-option", "mlp.epochs=20"))
+    if plain:
+        raise SplitInferError(f"bench attacks needs the attack in each --attack-option: NAME.KEY=VALUE, e.g. "
+                              f"mlp.epochs=20 (got {', '.join(sorted(plain))})")
+    hparams = {k: dict(v) for k, v in base.items()}
+    for name, extra in nested.items():
+        hparams.setdefault(name, {}).update(extra)
+    return hparams
 
 
 def cmd_attacks(args) -> int:
-    from attacks.cli import quiet_datasets
-    from benchmarks.attacks_depth import StudyConfig, run_study, write_outputs
+    from benchmarks.attacks_depth import PARTIAL_NAME, StudyConfig, run_study, write_outputs
+    from splitinfer.cli_flags import quiet_datasets
 
     quiet_datasets()
     base = StudyConfig()
-    hparams = {k: dict(v) for k, v in base.hparams.items()}
-    for name, extra in json.loads(args.hparams or "{}").items():
-        hparams.setdefault(name, {}).update(extra)
     cfg = StudyConfig(
-        model=args.model, head_depths=_ints(args.head_depths), tail_layers=_ints(args.tail_layers),
-        corpora=_names(args.corpora), train_tokens=args.train_tokens, val_tokens=args.val_tokens,
+        model=args.model, head_depths=args.head_depths, tail_layers=args.tail_layers,
+        corpora=args.corpus, train_tokens=args.train_tokens, val_tokens=args.val_tokens,
         test_tokens=args.test_tokens, max_length=args.max_length, max_doc_tokens=args.max_doc_tokens,
         vocab_match_tokens=args.vocab_match_tokens, vocab_match_pii_tokens=args.vocab_match_pii_tokens,
-        vocab_match_depths=_ints(args.vocab_match_depths) if args.vocab_match_depths else None,
-        attacks=_names(args.attacks), hparams=hparams, seed=args.seed, n_boot=args.n_boot, device=args.device)
-    from pathlib import Path
-
-    from benchmarks.attacks_depth import PARTIAL_NAME
-
+        vocab_match_depths=args.vocab_match_depths, attacks=args.attacks,
+        hparams=attack_hparams(base.hparams, args.attack_option), seed=args.seed, n_boot=args.n_boot,
+        device=args.device)
     study = run_study(cfg, progress=not args.quiet, partial=Path(args.out) / PARTIAL_NAME)
     path_json, path_md = write_outputs(study, args.out)
     print(path_md.read_text(encoding="utf-8"))
@@ -51,11 +62,13 @@ def register(bsub) -> None:
                         "Markdown (CPU-sized defaults; raise the sizes on a GPU)")
     p.add_argument("--model", default=d.model)
     p.add_argument("--device", default=d.device, help="model and attacker device: cpu | cuda (default %(default)s)")
-    p.add_argument("--head-depths", default=",".join(map(str, d.head_depths)), help="default %(default)s")
-    p.add_argument("--tail-layers", default=",".join(map(str, d.tail_layers)),
+    p.add_argument("--head-depths", type=int_list, default=",".join(map(str, d.head_depths)),
+                   help="default %(default)s")
+    p.add_argument("--tail-layers", type=int_list, default=",".join(map(str, d.tail_layers)),
                    help="output side: tail layers B, depth L-B (default %(default)s)")
-    p.add_argument("--corpora", default=",".join(d.corpora), help="default %(default)s")
-    p.add_argument("--attacks", default=",".join(d.attacks), help="default %(default)s")
+    p.add_argument("--corpus", type=name_list, default=",".join(d.corpora), help="comma list (default %(default)s)")
+    add_deprecated(p, "--corpora", "--corpus", "corpus", type=name_list)
+    p.add_argument("--attacks", type=name_list, default=",".join(d.attacks), help="default %(default)s")
     p.add_argument("--train-tokens", type=int, default=d.train_tokens, help="per corpus (default %(default)s)")
     p.add_argument("--val-tokens", type=int, default=d.val_tokens, help="per corpus (default %(default)s)")
     p.add_argument("--test-tokens", type=int, default=d.test_tokens, help="per corpus (default %(default)s)")
@@ -64,11 +77,14 @@ def register(bsub) -> None:
     p.add_argument("--vocab-match-tokens", type=int, default=d.vocab_match_tokens, help="per corpus")
     p.add_argument("--vocab-match-pii-tokens", type=int, default=d.vocab_match_pii_tokens,
                    help="prefix length of the two sequences of PII corpora scored by vocab-match")
-    p.add_argument("--vocab-match-depths", default=None,
+    p.add_argument("--vocab-match-depths", type=int_list, default=None,
                    help="head depths where vocab-match runs (default: every head depth; it takes seconds per token "
                    "on CPU at deep splits)")
-    p.add_argument("--hparams", default=None, help='JSON overrides per attack, e.g. \'{"mlp": {"epochs": 20}}\' '
+    p.add_argument("--attack-option", action="append", default=[], metavar="NAME.KEY=VALUE",
+                   help="a hyper-parameter of attack NAME (repeatable), e.g. mlp.epochs=20 "
                    f"(defaults: {json.dumps(d.hparams)})")
+    add_deprecated(p, "--hparams", "--attack-option NAME.KEY=VALUE", "attack_option", append=True,
+                   convert=hparams_json_items)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--n-boot", type=int, default=d.n_boot)
     p.add_argument("--out", default="reports/attacks_depth", help="output directory (default %(default)s)")

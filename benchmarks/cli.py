@@ -1,92 +1,73 @@
-"""``splitinfer bench ...``: speed benchmark and results regression check."""
+"""``splitinfer bench ...``: suites (``run``, ``report``, ``ls``, ``validate``, ``regress``) and single benchmarks.
+
+Every single benchmark writes with ``--out`` the versioned results document of
+:mod:`benchmarks.bench_output`, which ``bench regress`` reads like a suite's results.json.
+"""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from splitinfer.cli_flags import (
+    ModelFlags,
+    add_deprecated,
+    add_link_args,
+    add_max_new_tokens,
+    add_model_args,
+    add_wire_dtype,
+    int_list,
+    quiet_datasets,
+    wire_list,
+)
 
 
 def cmd_speed(args) -> int:
+    from benchmarks.bench_output import speed_document, write
     from benchmarks.speed import format_speed, run_speed
-    from splitinfer.cli import load_for_cli
     from splitinfer.partition import SplitConfig
 
-    loaded = load_for_cli(args)
-    rtts = [float(x) for x in args.rtt_ms.split(",")]
+    loaded = ModelFlags.from_args(args).load()
     result = run_speed(
-        loaded, SplitConfig.parse(args.split), rtts, n_tokens=args.tokens,
+        loaded, SplitConfig.parse(args.split), list(args.rtt_ms), n_tokens=args.max_new_tokens,
         bandwidth_mbps=args.bandwidth_mbps, wire=args.wire_dtype, server_memory=not args.no_server_memory,
     )
     print(format_speed(result))
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2, sort_keys=True))
-        print(f"results written to {out}")
+        write(speed_document(result), args.out)
     return 0
 
 
 def cmd_exactness(args) -> int:
+    from benchmarks.bench_output import exactness_document, write
     from benchmarks.exactness import PROMPTS, SPLITS, format_exactness, run_exactness
-    from splitinfer.cli import load_for_cli
 
-    loaded = load_for_cli(args)
+    model = ModelFlags.from_args(args)
+    loaded = model.load()
     splits = args.splits.split(";") if args.splits else SPLITS
-    rows = run_exactness(loaded, splits, PROMPTS[: args.prompts], n_tokens=args.tokens,
-                         wires=tuple(args.wire.split(",")))
+    rows = run_exactness(loaded, splits, PROMPTS[: args.prompts], n_tokens=args.max_new_tokens,
+                         wires=tuple(args.wire_dtype))
     print(format_exactness(rows))
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(rows, indent=2))
-        print(f"results written to {out}")
+        config = {"model": loaded.spec, "model_sha256": loaded.sha256, "splits": list(splits),
+                  "prompts": args.prompts, "max_new_tokens": args.max_new_tokens, "wire_dtype": list(args.wire_dtype)}
+        write(exactness_document(rows, config), args.out)
     bad = [r for r in rows if r["wire"] == "fp32" and (not r["identical"] or r["max_logit_diff"] > 1e-4)]
     return 1 if bad else 0
 
 
-def register(sub) -> None:
-    from splitinfer.cli import add_model_args
+def cmd_extract(args) -> int:
+    from benchmarks.bench_output import extract_document, write
+    from benchmarks.extract_speed import format_extract_speed, run_extract_speed
 
-    bench = sub.add_parser("bench", help="benchmarks: speed, regress")
-    bsub = bench.add_subparsers(dest="bench_command", required=True)
-
-    s = bsub.add_parser("speed", help="sequential split decoding tok/s vs the unsplit bound, per RTT")
-    add_model_args(s)
-    s.add_argument("--rtt-ms", default="0,20,80", help="comma-separated RTTs (default %(default)s)")
-    s.add_argument("--bandwidth-mbps", type=float, default=100.0)
-    s.add_argument("--wire-dtype", default="fp16", choices=["fp16", "fp32", "bf16"])
-    s.add_argument("--tokens", type=int, default=64, help="tokens generated per measurement")
-    s.add_argument("--out", default=None, help="also write the figures as JSON here")
-    s.add_argument("--no-server-memory", action="store_true",
-                   help="skip measuring the cloud side's memory on a real `splitinfer serve` process")
-    s.set_defaults(func=cmd_speed)
-
-    e = bsub.add_parser("exactness", help="split vs unsplit greedy generation: token identity and logit diff")
-    add_model_args(e, split_default=None)
-    e.add_argument("--splits", default=None, help="splits separated by ';' (default 1,1;2,2;4,4;8,8;2,8;12,12)")
-    e.add_argument("--prompts", type=int, default=8, help="number of built-in prompts (max 8)")
-    e.add_argument("--tokens", type=int, default=64)
-    e.add_argument("--wire", default="fp32,fp16", help="wire dtypes to check (default %(default)s)")
-    e.add_argument("--out", default=None, help="also write the rows as JSON here")
-    e.set_defaults(func=cmd_exactness)
-
-    register_harness(bsub)
-    from benchmarks.transport_cli import register as register_transport
-
-    register_transport(bsub)
-    from benchmarks.decoding_cli import register as register_decoding
-
-    register_decoding(bsub)
-    register_extract(bsub)
-    from benchmarks.attacks_depth_cli import register as register_attacks_depth  # issue 6
-
-    register_attacks_depth(bsub)
-
-    from benchmarks import regress
-
-    r = bsub.add_parser("regress", help="compare results.json against a committed baseline")
-    regress.add_arguments(r)
-    r.set_defaults(func=regress.run)
+    quiet_datasets()
+    loaded = ModelFlags.from_args(args).load()
+    result = run_extract_speed(loaded, args.depths, args.corpus, n_tokens=args.max_tokens,
+                               max_length=args.max_length, batch_size=args.batch_size, repeats=args.repeats,
+                               threads=args.threads)
+    print(format_extract_speed(result))
+    if args.out:
+        write(extract_document(result), args.out)
+    return 0
 
 
 def cmd_run(args) -> int:
@@ -95,7 +76,7 @@ def cmd_run(args) -> int:
 
     suite = load_suite(args.suite)
     out = args.out or f"reports/{suite.name}"
-    path = run_suite(suite, out, stages=args.stages.split(",") if args.stages else None)
+    path = run_suite(suite, out, stages=[s for s in args.stages.split(",") if s] if args.stages else None)
     print(f"results written to {path}")
     print(f"report written to {Path(out) / 'report.md'}")
     return 0
@@ -111,8 +92,77 @@ def cmd_report(args) -> int:
     return 0
 
 
-def register_harness(bsub) -> None:
-    """``bench run`` and ``bench report``."""
+def cmd_ls(args) -> int:
+    """The suites (with their stages and budgets) and the registered stages."""
+    from benchmarks.stages import STAGES
+    from benchmarks.suite import list_suites, load_suite
+
+    print("suites:")
+    for name in list_suites():
+        suite = load_suite(name)
+        stages = ", ".join(f"{s} ({'-' if suite.budget_s(s) is None else f'{suite.budget_s(s):g} s'})"
+                           for s in STAGES if s in suite.stages)
+        print(f"  {name:<8} {suite.model:<12} {stages}")
+        print(f"  {'':<8} {suite.description}")
+    print("stages (run in this order; keys of their suite table):")
+    for stage in STAGES.values():
+        from dataclasses import fields
+
+        keys = ", ".join(f.name for f in fields(stage.config))
+        print(f"  {stage.name:<15} {stage.summary}\n  {'':<15} keys: {keys}")
+    return 0
+
+
+def cmd_validate(args) -> int:
+    """Check suite files: every key known and typed right; one line per file, exit 2 when any is bad."""
+    import sys
+
+    from benchmarks.suite import load_suite
+    from splitinfer.errors import SplitInferError
+
+    bad = 0
+    for name in args.suite:
+        try:
+            suite = load_suite(name)
+        except SplitInferError as e:
+            print(f"splitinfer: error: {e}", file=sys.stderr)
+            bad += 1
+            continue
+        budgets = [b for s in suite.stages if (b := suite.budget_s(s)) is not None]
+        total = f"budgets sum to {sum(budgets):g} s" if budgets else "no budgets"
+        print(f"{suite.path}: ok ({len(suite.stages)} stages: {', '.join(suite.stages)}; {total})")
+    return 2 if bad else 0
+
+
+def register(sub) -> None:
+    """Mount ``bench`` and its sub-commands on the ``splitinfer`` sub-command parser."""
+    from benchmarks import regress
+    from benchmarks.attacks_depth_cli import register as register_attacks_depth
+    from benchmarks.decoding_cli import register as register_decoding
+    from benchmarks.transport_cli import register as register_transport
+
+    bench = sub.add_parser("bench", help="benchmarks: suites, single benchmarks, regress")
+    bsub = bench.add_subparsers(dest="bench_command", required=True)
+
+    s = bsub.add_parser("speed", help="sequential split decoding tok/s vs the unsplit bound, per RTT")
+    add_model_args(s)
+    add_link_args(s, rtt_default="0,20,80", bandwidth_default=100.0, jitter=False)
+    add_max_new_tokens(s, 64, "tokens generated per measurement")
+    s.add_argument("--out", default=None, help="also write the results document (JSON) here")
+    s.add_argument("--no-server-memory", action="store_true",
+                   help="skip measuring the cloud side's memory on a real `splitinfer serve` process")
+    s.set_defaults(func=cmd_speed)
+
+    e = bsub.add_parser("exactness", help="split vs unsplit greedy generation: token identity and logit diff")
+    add_model_args(e, split_default=None)
+    e.add_argument("--splits", default=None, help="splits separated by ';' (default 1,1;2,2;4,4;8,8;2,8;12,12)")
+    e.add_argument("--prompts", type=int, default=8, help="number of built-in prompts (max 8)")
+    add_max_new_tokens(e, 64, "tokens generated per prompt")
+    add_wire_dtype(e, "fp32,fp16", many=True)
+    add_deprecated(e, "--wire", "--wire-dtype", "wire_dtype", type=wire_list)
+    e.add_argument("--out", default=None, help="also write the results document (JSON) here")
+    e.set_defaults(func=cmd_exactness)
+
     r = bsub.add_parser("run", help="run a suite (ci, quick, full, paper or a .toml) -> results.json, report.md, plots")
     r.add_argument("--suite", default="quick")
     r.add_argument("--out", default=None, help="output directory (default reports/SUITE)")
@@ -122,39 +172,29 @@ def register_harness(bsub) -> None:
     p.add_argument("--results", required=True)
     p.add_argument("--out", default=None, help="directory (default: next to results.json)")
     p.set_defaults(func=cmd_report)
+    ls = bsub.add_parser("ls", help="list the suites and the stages they can run")
+    ls.set_defaults(func=cmd_ls)
+    v = bsub.add_parser("validate", help="check suite files (names or .toml paths): keys, types, budgets")
+    v.add_argument("suite", nargs="+")
+    v.set_defaults(func=cmd_validate)
 
-
-def cmd_extract(args) -> int:
-    from attacks.cli import quiet_datasets
-    from benchmarks.extract_speed import format_extract_speed, run_extract_speed
-    from splitinfer.cli import load_for_cli
-
-    quiet_datasets()
-    loaded = load_for_cli(args)
-    result = run_extract_speed(loaded, tuple(int(d) for d in args.depths.split(",")), args.corpus,
-                               n_tokens=args.tokens, max_length=args.max_length, batch_size=args.batch_size,
-                               repeats=args.repeats, threads=args.threads)
-    print(format_extract_speed(result))
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2, sort_keys=True))
-        print(f"results written to {out}")
-    return 0
-
-
-def register_extract(bsub) -> None:
-    """``bench extract``: activation-extraction tokens/s vs a plain truncated forward."""
-    from splitinfer.cli import add_model_args
-
+    register_transport(bsub)
+    register_decoding(bsub)
     x = bsub.add_parser("extract", help="activation extraction tok/s vs a plain truncated forward, per depth")
     add_model_args(x, split_default=None)
-    x.add_argument("--depths", default="1,8,16", help="head depths (default %(default)s)")
+    x.add_argument("--depths", type=int_list, default=(1, 8, 16), help="head depths (default 1,8,16)")
     x.add_argument("--corpus", default="prose", help="corpus to extract (default %(default)s)")
-    x.add_argument("--tokens", type=int, default=8192, help="tokens per measurement (default %(default)s)")
+    x.add_argument("--max-tokens", type=int, default=8192, help="corpus tokens per measurement (default %(default)s)")
+    add_deprecated(x, "--tokens", "--max-tokens", "max_tokens", type=int)
     x.add_argument("--max-length", type=int, default=256)
     x.add_argument("--batch-size", type=int, default=4)
     x.add_argument("--repeats", type=int, default=2, help="alternating runs; the fastest counts")
     x.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
-    x.add_argument("--out", default=None, help="also write the figures as JSON here")
+    x.add_argument("--out", default=None, help="also write the results document (JSON) here")
     x.set_defaults(func=cmd_extract)
+    register_attacks_depth(bsub)
+
+    g = bsub.add_parser("regress", help="compare a results document against a committed baseline")
+    regress.add_arguments(g)
+    g.set_defaults(func=regress.run)
+

@@ -170,9 +170,9 @@ def _head_sha(sm: SplitModel, draft_head: str | None, wanted: list[str]) -> str 
 
 
 def _eos(sm: SplitModel) -> set[int]:
-    from splitinfer.client import _eos_ids
+    from splitinfer.client import eos_ids
 
-    return _eos_ids(sm.loaded)
+    return eos_ids(sm.loaded)
 
 
 def run_decoding_bench(

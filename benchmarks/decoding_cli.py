@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from splitinfer.cli_flags import ModelFlags, add_deprecated, add_model_args, parse_options, split_options
+from splitinfer.errors import SplitInferError
+
 
 def cmd_decoding(args) -> int:
     import json
 
+    from benchmarks.bench_output import decoding_document, write
     from benchmarks.decoding import run_decoding_bench, save
     from benchmarks.decoding_report import format_report, plot, summarize, targets
 
@@ -15,17 +19,15 @@ def cmd_decoding(args) -> int:
     if args.report_only:
         results = json.loads(Path(args.report_only).read_text())
     else:
-        from splitinfer.cli import load_for_cli
         from splitinfer.client import SplitModel
-        from splitinfer.decoding.cli_args import parse_options
 
-        sm = SplitModel(load_for_cli(args), args.split, wire_dtype="fp32")
+        sm = SplitModel(ModelFlags.from_args(args).load(), args.split, wire_dtype="fp32")
         results = run_decoding_bench(
             sm, max_new_tokens=args.max_new_tokens, prompts_per_category=args.prompts_per_category,
             ablation=not args.no_ablation, ablation_prompts=args.ablation_prompts,
             proposers=args.proposers.split(",") if args.proposers else None, tolerance=args.tolerance,
             draft_calibration=args.draft_calibration, draft_head=args.draft_head,
-            feature_draft_options=parse_options(args.feature_draft_option, "--feature-draft-option"),
+            feature_draft_options=feature_draft_options(args.decoding_option),
         )
         save(results, out)
     table = summarize(results)
@@ -36,6 +38,7 @@ def cmd_decoding(args) -> int:
     summary = {k: results[k] for k in ("config", "step_model", "cross_validation", "replay_checks", "targets",
                                        "wall_s") if k in results}
     (out / "summary.json").write_text(json.dumps({**summary, "table": table}, indent=1, sort_keys=True))
+    write(decoding_document({**summary, "table": table}), out / "results.json")
     print(report)
     for p in plot(results, out):
         print(f"plot written to {p}")
@@ -44,9 +47,18 @@ def cmd_decoding(args) -> int:
     return 0 if all(t["met"] for t in exact) else 1  # non-zero when any output differs from sequential
 
 
-def register(bsub) -> None:
-    from splitinfer.cli import add_model_args
+def feature_draft_options(items: list[str]) -> dict:
+    """``--decoding-option feature-draft.KEY=VALUE`` items -> feature-draft's options (the only component
+    whose options this benchmark takes; it applies them alone and as a source of combined)."""
+    plain, nested = split_options(parse_options(items, "--decoding-option", "feature-draft.shortlist=false"))
+    other = sorted(set(nested) - {"feature-draft"}) + sorted(plain)
+    if other:
+        raise SplitInferError(f"bench decoding takes only feature-draft options (--decoding-option "
+                              f"feature-draft.KEY=VALUE); got {', '.join(other)}")
+    return nested.get("feature-draft", {})
 
+
+def register(bsub) -> None:
     d = bsub.add_parser("decoding", help="speculative decoding: exactness, tau per category, ablation, modelled tok/s")
     add_model_args(d)
     d.add_argument("--max-new-tokens", type=int, default=200)
@@ -60,9 +72,11 @@ def register(bsub) -> None:
                    help="warm-start local-draft's bridge (see `splitinfer draft-calibrate`; default: online fit only)")
     d.add_argument("--draft-head", default=None, metavar="DIR",
                    help="feature-draft's trained head (see `splitinfer draft-train`; default: its cache directory)")
-    d.add_argument("--feature-draft-option", action="append", default=[], metavar="KEY=VALUE",
+    d.add_argument("--decoding-option", action="append", default=[], metavar="feature-draft.KEY=VALUE",
                    help="an option of feature-draft, alone and as a source of combined (so one both take: "
-                        "shortlist=false or draft_head=DIR; repeatable)")
+                        "feature-draft.shortlist=false or feature-draft.draft_head=DIR; repeatable)")
+    add_deprecated(d, "--feature-draft-option", "--decoding-option feature-draft.KEY=VALUE", "decoding_option",
+                   append=True, convert=lambda item: [f"feature-draft.{item}"])
     d.add_argument("--out", default="reports/decoding", help="directory for decoding.json and plots")
     d.add_argument("--report-only", default=None, metavar="DECODING_JSON",
                    help="rebuild the report, summary.json and plots from an earlier run's decoding.json")

@@ -122,6 +122,14 @@ def _attack_section(att: dict) -> list[str]:
     return lines + [""]
 
 
+def stage_time_section(data: dict) -> list[str]:
+    """Each stage's wall time against the budget its suite table gives (``budget_s``)."""
+    budgets = data.get("stage_budget_s", {})
+    rows = [f"| {name} | {wall:.0f} | {'-' if budgets.get(name) is None else f'{budgets[name]:g}'} |"
+            for name, wall in data.get("stage_seconds", {}).items()]
+    return ["## Stage times", "", "| stage | wall s | budget s |", "|---|---:|---:|", *rows, ""] if rows else []
+
+
 def write_report(results: dict, out_dir: str | Path) -> Path:
     """Write report.md and the PNG plots next to results.json; return the report's path."""
     out = Path(out_dir)
@@ -191,6 +199,7 @@ def write_report(results: dict, out_dir: str | Path) -> Path:
         lines += ablation_section(data["ngram_ablation"])
     if attack_rows:
         lines += _attack_section(att)
+    lines += stage_time_section(data)
     lines += ["## Plots", ""] + [f"![{t}]({p.name})" for t, p in figs if p is not None] + [""]
     path = out / "report.md"
     path.write_text("\n".join(lines))

@@ -1,46 +1,34 @@
 """Run a benchmark suite end to end: results.json, report.md and PNG plots.
 
 ``run_suite`` loads the suite's model once, runs each stage the suite
-declares (exactness, speed, rtt_model, attacks, ngram_ablation), records every
-metric with its CI and n in the versioned results document
+declares in the order of the stage registry (:mod:`benchmarks.stages`), records
+every metric with its CI and n in the versioned results document
 (:mod:`benchmarks.schema`), keeps the raw rows under ``data`` for the report,
 and writes the report and plots (:mod:`benchmarks.report`).
+
+Each stage's wall time is printed next to its budget (the table's ``budget_s``)
+and recorded: ``data["stage_seconds"]``, ``data["stage_budget_s"]`` and the
+``info`` metrics ``wall_s`` / ``budget_s`` of run ``harness/stage=NAME``.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from benchmarks.schema import new_results, save
+from benchmarks.schema import add_metric, metric, new_results, save
+from benchmarks.stages import STAGES
 from benchmarks.suite import Suite
+from splitinfer.errors import SplitInferError
 from splitinfer.models import load_model
 
 log = logging.getLogger(__name__)
-
-STAGE_ORDER = ("exactness", "speed", "rtt_model", "ngram_ablation", "attacks")
-
-
-def _stage_fn(name: str):
-    if name in ("exactness", "speed", "rtt_model"):
-        from benchmarks import stage_speed
-
-        return getattr(stage_speed, f"stage_{name}")
-    if name == "attacks":
-        from benchmarks.stage_attacks import stage_attacks
-
-        return stage_attacks
-    if name == "ngram_ablation":
-        from benchmarks.stage_ablation import stage_ngram_ablation
-
-        return stage_ngram_ablation
-    raise KeyError(name)
-
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)
@@ -48,8 +36,31 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def budget_line(name: str, wall_s: float, budget_s: float | None) -> str:
+    """``stage speed: 61.2 s (budget 90 s)``, flagged when over budget."""
+    if budget_s is None:
+        return f"stage {name}: {wall_s:.1f} s (no budget)"
+    over = "  OVER BUDGET" if wall_s > budget_s else ""
+    return f"stage {name}: {wall_s:.1f} s (budget {budget_s:g} s){over}"
+
+
+def record_stage_time(results: dict, data: dict, name: str, wall_s: float, budget_s: float | None) -> None:
+    """Print the stage's wall time against its budget; keep both in ``data`` and as info metrics."""
+    print(budget_line(name, wall_s, budget_s), file=sys.stderr, flush=True)
+    data.setdefault("stage_seconds", {})[name] = wall_s
+    data.setdefault("stage_budget_s", {})[name] = budget_s
+    run = f"harness/stage={name}"
+    add_metric(results, run, "wall_s", metric(wall_s, higher_is_better=False, kind="info", unit="s"))
+    add_metric(results, run, "budget_s", metric(budget_s, higher_is_better=False, kind="info", unit="s"))
+
+
 def run_suite(suite: Suite, out_dir: str | Path, stages: list[str] | None = None) -> Path:
     """Run ``suite`` (optionally only some ``stages``) and write everything under ``out_dir``."""
+    if stages is not None:
+        unknown = sorted(set(stages) - set(suite.stages))
+        if unknown:
+            raise SplitInferError(f"--stages {','.join(unknown)}: not in suite {suite.name!r} "
+                                  f"(its stages: {', '.join(suite.stages)})")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     seed_everything(suite.seed)
@@ -70,13 +81,13 @@ def run_suite(suite: Suite, out_dir: str | Path, stages: list[str] | None = None
     }
     results = new_results(config, suite.name)
     data: dict = {}
-    todo = [s for s in STAGE_ORDER if s in suite.stages and (stages is None or s in stages)]
+    todo = [s for s in STAGES if s in suite.stages and (stages is None or s in stages)]
     for name in todo:
         t = time.perf_counter()
         log.info("stage %s", name)
         seed_everything(suite.seed)
-        data[name] = _stage_fn(name)(loaded, suite.stages[name], results)
-        data.setdefault("stage_seconds", {})[name] = time.perf_counter() - t
+        data[name] = STAGES[name].function()(loaded, suite.stages[name], results)
+        record_stage_time(results, data, name, time.perf_counter() - t, suite.budget_s(name))
     data["total_seconds"] = time.perf_counter() - t0
     results["data"] = data
     path = save(results, out / "results.json")

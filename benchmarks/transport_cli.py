@@ -2,25 +2,20 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from splitinfer.cli_flags import add_max_new_tokens, add_wire_dtype, int_list, optional_int_list
 
 
 def cmd_transport(args) -> int:
+    from benchmarks.bench_output import transport_document, write
     from benchmarks.transport import format_transport, run_transport
 
     result = run_transport(
-        args.model, args.split, n_tokens=args.tokens, repeats=args.repeats,
-        sessions=tuple(int(x) for x in args.sessions.split(",")),
-        synthetic_hidden=tuple(int(x) for x in args.synthetic_hidden.split(",")) if args.synthetic_hidden else (),
-        wire=args.wire_dtype, server_threads=args.server_threads,
+        args.model, args.split, n_tokens=args.max_new_tokens, repeats=args.repeats, sessions=args.sessions,
+        synthetic_hidden=args.synthetic_hidden, wire=args.wire_dtype, server_threads=args.server_threads,
     )
     print(format_transport(result))
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2, sort_keys=True))
-        print(f"results written to {out}")
+        write(transport_document(result), args.out)
     return 0
 
 
@@ -29,12 +24,12 @@ def register(bsub) -> None:
     t = bsub.add_parser("transport", help="per-step cost of the WebSocket transport vs in-process; concurrency")
     t.add_argument("--model", default="default", help="model served and used by the clients (default %(default)s)")
     t.add_argument("--split", default="2,2")
-    t.add_argument("--tokens", type=int, default=64, help="decode steps per measurement")
+    add_max_new_tokens(t, 64, "decode steps per measurement")
     t.add_argument("--repeats", type=int, default=3, help="interleaved repeats per link")
-    t.add_argument("--sessions", default="1,2,4,8", help="concurrent session counts (default %(default)s)")
-    t.add_argument("--synthetic-hidden", default="576,4096",
+    t.add_argument("--sessions", type=int_list, default="1,2,4,8", help="concurrent session counts (default %(default)s)")
+    t.add_argument("--synthetic-hidden", type=optional_int_list, default="576,4096",
                    help="hidden sizes of compute-free synthetic bodies ('' for none; default %(default)s)")
-    t.add_argument("--wire-dtype", default="fp16", choices=["fp16", "fp32", "bf16"])
+    add_wire_dtype(t)
     t.add_argument("--server-threads", type=int, default=1, help="OMP_NUM_THREADS of the server process")
-    t.add_argument("--out", default=None, help="also write the figures as JSON here")
+    t.add_argument("--out", default=None, help="also write the results document (JSON) here")
     t.set_defaults(func=cmd_transport)

@@ -268,7 +268,7 @@ class SplitModel:
                 f"context limit of {self.max_context} tokens; shorten the prompt or lower --max-new-tokens"
             )
         proposer = make_decoding(decoding, decoding_options)
-        eos = _eos_ids(self.loaded) if stop_on_eos else set()
+        eos = eos_ids(self.loaded) if stop_on_eos else set()
         detok = _Detokenizer(self.loaded.tokenizer)
         wan = self.link.wan
         env = DecodingEnv(
@@ -330,7 +330,8 @@ def make_decoding(decoding: str | Proposer, options: dict | None = None) -> Prop
     return make_proposer(decoding, **(options or {}))
 
 
-def _eos_ids(loaded: LoadedModel) -> set[int]:
+def eos_ids(loaded: LoadedModel) -> set[int]:
+    """The token ids that end generation: the generation config's, else the model config's, else the tokenizer's."""
     eos = loaded.model.generation_config.eos_token_id if loaded.model.generation_config else None
     if eos is None:
         eos = loaded.model.config.eos_token_id

@@ -3,7 +3,7 @@
 ``serve`` runs the cloud body as a WebSocket service (:mod:`splitinfer.server`);
 ``chat`` is an interactive multi-turn chat whose body runs in that service
 (or in-process without ``--cloud``). :func:`register` mounts both on the
-``splitinfer`` parser; :func:`add_cloud_args` and :func:`cloud_link` give any
+``splitinfer`` parser; :func:`add_cloud_args` and :class:`CloudFlags` give any
 client command (``generate``) a ``--cloud ws://HOST:PORT`` option.
 """
 
@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from dataclasses import dataclass
 
+from splitinfer.cli_flags import LinkFlags, ModelFlags, add_link_args, add_model_args
 from splitinfer.errors import SplitInferError
 
 log = logging.getLogger(__name__)
@@ -28,16 +30,28 @@ def add_cloud_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-ca", default=None, metavar="PEM", help="trust this CA / self-signed certificate for wss://")
 
 
-def cloud_link(args, wan=None):
-    """A WebSocketLink for ``args.cloud`` (None when the body should run in-process)."""
-    if not getattr(args, "cloud", None):
-        if getattr(args, "token_file", None) or getattr(args, "tls_ca", None):
-            raise SplitInferError("--token-file and --tls-ca need --cloud ws://HOST:PORT")
-        return None
-    from splitinfer.ws_link import WebSocketLink, read_token_file
+@dataclass(frozen=True)
+class CloudFlags:
+    """What ``--cloud --token-file --tls-ca`` chose: where the body runs."""
 
-    token = read_token_file(args.token_file) if args.token_file else None
-    return WebSocketLink(args.cloud, token=token, wan=wan, ca_file=args.tls_ca)
+    cloud: str | None = None
+    token_file: str | None = None
+    tls_ca: str | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> CloudFlags:
+        return cls(cloud=args.cloud, token_file=args.token_file, tls_ca=args.tls_ca)
+
+    def link(self, wan=None):
+        """A WebSocketLink to ``cloud`` (None when the body should run in-process)."""
+        if not self.cloud:
+            if self.token_file or self.tls_ca:
+                raise SplitInferError("--token-file and --tls-ca need --cloud ws://HOST:PORT")
+            return None
+        from splitinfer.ws_link import WebSocketLink, read_token_file
+
+        token = read_token_file(self.token_file) if self.token_file else None
+        return WebSocketLink(self.cloud, token=token, wan=wan, ca_file=self.tls_ca)
 
 
 # ---------------------------------------------------------------------- serve
@@ -91,17 +105,16 @@ def format_turn_stats(res) -> str:
 
 
 def cmd_chat(args) -> int:
-    from splitinfer.cli import load_for_cli
     from splitinfer.client import SplitModel
-    from splitinfer.link import WanProfile
 
-    loaded = load_for_cli(args)
+    model, link, cloud = ModelFlags.from_args(args), LinkFlags.from_args(args), CloudFlags.from_args(args)
+    loaded = model.load()
     tok = loaded.tokenizer
     if not getattr(tok, "chat_template", None):
-        raise SplitInferError(f"model {args.model!r} has no chat template; use `splitinfer generate` instead")
-    wan = WanProfile(rtt_ms=args.rtt_ms, bandwidth_mbps=args.bandwidth_mbps, jitter_ms=args.jitter_ms, seed=args.seed)
-    sm = SplitModel(loaded, args.split, cloud=cloud_link(args, wan), wan=wan, wire_dtype=args.wire_dtype)
-    where = args.cloud or "in-process body"
+        raise SplitInferError(f"model {model.model!r} has no chat template; use `splitinfer generate` instead")
+    wan = link.wan(seed=model.seed)
+    sm = SplitModel(loaded, args.split, cloud=cloud.link(wan), wan=wan, wire_dtype=link.wire_dtype)
+    where = cloud.cloud or "in-process body"
     print(f"chat with {args.model} split {args.split} via {where}. /stats, /reset, /quit", file=sys.stderr)
     system = [{"role": "system", "content": args.system}] if args.system else []
     messages, last = list(system), None
@@ -131,7 +144,7 @@ def cmd_chat(args) -> int:
             try:
                 res = sm.generate(
                     _chat_ids(tok, messages), args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                    seed=args.seed, on_text=lambda t: (out.write(t), out.flush()),
+                    seed=model.seed, on_text=lambda t: (out.write(t), out.flush()),
                 )
             except SplitInferError as e:  # keep the chat alive: report and drop the turn
                 messages.pop()
@@ -149,8 +162,6 @@ def cmd_chat(args) -> int:
 # ---------------------------------------------------------------------- registration
 def register(sub) -> None:
     """Mount ``serve`` and ``chat`` on the ``splitinfer`` sub-command parser."""
-    from splitinfer.cli import add_link_args, add_model_args
-
     s = sub.add_parser("serve", help="run the cloud body as a WebSocket service")
     add_model_args(s)
     s.add_argument("--device-map", default=None, choices=["auto"],
@@ -172,7 +183,6 @@ def register(sub) -> None:
     s.add_argument("--ping-timeout-s", type=float, default=20.0, help="drop a client that does not answer a ping")
     s.add_argument("--close-timeout-s", type=float, default=5.0, help="wait this long for a peer's close reply")
     s.add_argument("--workers", type=int, default=4, help="threads running body forwards")
-    s.add_argument("--seed", type=int, default=0, help="seed of --model tiny-random")
     s.set_defaults(func=cmd_serve)
 
     c = sub.add_parser("chat", help="interactive multi-turn chat with the body in the cloud")
@@ -183,5 +193,4 @@ def register(sub) -> None:
     c.add_argument("--system", default=None, help="optional system prompt")
     c.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     c.add_argument("--top-p", type=float, default=1.0)
-    c.add_argument("--seed", type=int, default=0)
     c.set_defaults(func=cmd_chat)

@@ -76,8 +76,12 @@ def layer_types(config) -> list[str]:
     return ["sliding_attention" if sliding else "full_attention"] * config.num_hidden_layers
 
 
-class _LayerStack(nn.Module):
-    """A contiguous range of decoder layers with its rotary embedding."""
+class LayerStack(nn.Module):
+    """A contiguous range of decoder layers with its rotary embedding.
+
+    Public so that other packages can build their own stacks (the attacks' truncated forward)
+    and run them with :meth:`run_layers` instead of reaching into the head, body or tail.
+    """
 
     def __init__(self, config, layers: Sequence[nn.Module], first_layer: int, rotary: nn.Module):
         super().__init__()
@@ -97,13 +101,18 @@ class _LayerStack(nn.Module):
     def new_cache(self) -> PartKVCache:
         return PartKVCache()
 
-    def _run_layers(
+    def run_layers(
         self,
         hidden: torch.Tensor,  # (1, T, d)
         positions: torch.Tensor,  # (T,)
         cache: PartKVCache,
         parents: Sequence[int] | None,
     ) -> torch.Tensor:  # (1, T, d)
+        """Run every layer of the stack on ``hidden`` at ``positions``, appending to ``cache``.
+
+        ``parents`` (a token tree's parent array, or None for a causal chain) shapes the mask;
+        a batch ``(B, T, d)`` without cache entries and parents works too (one causal mask for all rows).
+        """
         position_ids = positions.to(hidden.device)[None]  # (1, T)
         masks: dict[str, torch.Tensor | None] = {}
         rope: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -137,7 +146,7 @@ def _parts(model: nn.Module):
     return base
 
 
-class LocalHead(_LayerStack):
+class LocalHead(LayerStack):
     """Embedding + the first ``a`` decoder layers; runs on the user's machine."""
 
     def __init__(self, model: nn.Module, split: SplitConfig):
@@ -149,10 +158,10 @@ class LocalHead(_LayerStack):
     @torch.no_grad()
     def forward(self, input_ids, positions, cache: PartKVCache, parents=None) -> torch.Tensor:
         """input_ids: (1, T) -> hidden states (1, T, d) sent to the cloud."""
-        return self._run_layers(self.embed_tokens(input_ids), positions, cache, parents)
+        return self.run_layers(self.embed_tokens(input_ids), positions, cache, parents)
 
 
-class CloudBody(_LayerStack):
+class CloudBody(LayerStack):
     """The middle decoder layers; the only part the cloud runs."""
 
     @classmethod
@@ -205,7 +214,7 @@ class CloudBody(_LayerStack):
     @torch.no_grad()
     def forward(self, hidden, positions, cache: PartKVCache, parents=None) -> torch.Tensor:
         """hidden: (1, T, d) from the head -> (1, T, d) for the tail."""
-        return self._run_layers(hidden, positions, cache, parents)
+        return self.run_layers(hidden, positions, cache, parents)
 
 
 def _checkpoint_files(weights_dir: Path) -> dict[str, list[str]]:
@@ -225,7 +234,7 @@ def _checkpoint_files(weights_dir: Path) -> dict[str, list[str]]:
         return {"model.safetensors": list(f.keys())}
 
 
-class LocalTail(_LayerStack):
+class LocalTail(LayerStack):
     """The last ``b`` decoder layers + final norm + LM head; runs on the user's machine."""
 
     def __init__(self, model: nn.Module, split: SplitConfig):
@@ -244,7 +253,7 @@ class LocalTail(_LayerStack):
 
         ``return_final`` also returns the final normed states (1, T, d), what the LM head sees.
         """
-        final = self.norm(self._run_layers(hidden, positions, cache, parents))  # (1, T, d)
+        final = self.norm(self.run_layers(hidden, positions, cache, parents))  # (1, T, d)
         logits = self.logits(final)
         return (logits, final) if return_final else logits
 

@@ -215,7 +215,7 @@ class VocabMatch(InversionAttack):
             return False
         ctx["tried"][cand] = True
         ids = torch.as_tensor(cand, device=ctx["device"])  # (B,)
-        h = ctx["stack"]._run_layers(ctx["embed"](ids)[:, None, :], ctx["pos"], ctx["cache"], None)  # (B, 1, d)
+        h = ctx["stack"].run_layers(ctx["embed"](ids)[:, None, :], ctx["pos"], ctx["cache"], None)  # (B, 1, d)
         dist = match_distance(h[:, 0].float(), ctx["obs"])  # (B,)
         ctx["forwards"] += 1
         ctx["ids"].append(cand)
@@ -232,7 +232,7 @@ class VocabMatch(InversionAttack):
         opt = torch.optim.Adam([e], lr=float(hp["grad_lr"]) * ctx["emb_std"])
         for step in range(1, int(hp["grad_steps"]) + 1):
             with torch.enable_grad():
-                h = ctx["stack"]._run_layers(e[None, None, :], ctx["pos"], ctx["cache"], None)  # (1, 1, d)
+                h = ctx["stack"].run_layers(e[None, None, :], ctx["pos"], ctx["cache"], None)  # (1, 1, d)
                 loss = match_distance(h[:, 0].float(), ctx["obs"]).pow(2).sum()
                 (grad,) = torch.autograd.grad(loss, [e])
             e.grad = grad

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field
 
-from splitinfer.errors import SplitInferError
+from splitinfer.cli_flags import parse_options
 
 # flag -> proposer option it sets (None = leave the proposer's default)
 FLAGS = {
@@ -36,30 +37,20 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
                    help="any other proposer option, e.g. alpha=2 or rtt_ms=80 (repeatable)")
 
 
-def _value(text: str):
-    low = text.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
+@dataclass(frozen=True)
+class DecodingFlags:
+    """What ``--decoding`` and its option flags chose: the proposer's name and its options."""
+
+    name: str = "sequential"
+    options: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> DecodingFlags:
+        return cls(name=args.decoding, options=decoding_options(args))
 
 
 def decoding_options(args: argparse.Namespace) -> dict:
-    """The options dict for :func:`~splitinfer.decoding.base.make_proposer` from parsed flags."""
-    opts = {k: getattr(args, k) for k in FLAGS if getattr(args, k, None) is not None}
-    return {**opts, **parse_options(getattr(args, "decoding_option", []) or [], "--decoding-option")}
-
-
-def parse_options(items: list[str], flag: str) -> dict:
-    """``["KEY=VALUE", ...]`` -> proposer options (true/false, numbers, else text); ``flag`` names bad items."""
-    opts = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise SplitInferError(f"bad {flag} {item!r}: write KEY=VALUE, e.g. alpha=2")
-        opts[key.strip().replace("-", "_")] = _value(value.strip())
-    return opts
+    """The options dict for :func:`~splitinfer.decoding.base.make_proposer` from flags of :func:`add_decoding_args`."""
+    flags = vars(args)
+    opts = {k: flags[k] for k in FLAGS if flags[k] is not None}
+    return {**opts, **parse_options(args.decoding_option, "--decoding-option")}

@@ -269,7 +269,7 @@ def draft_train(loaded, *, tokens: int = 12000, seed: int = 0, hidden: int = 102
     ``prompt_texts``: user messages to continue instead of corpus snippets (cycled to the number of prompts
     ``tokens`` needs). Runs on the model's device (data, head and optimizer); the head comes back on the CPU.
     """
-    from splitinfer.client import _eos_ids
+    from splitinfer.client import eos_ids
 
     if tokens < 1 or steps < 1 or unroll < 1 or hidden < 1 or batch < 1 or max_new < 2:
         raise SplitInferError("draft-train needs --tokens, --steps, --unroll, --hidden and --batch >= 1")
@@ -278,7 +278,7 @@ def draft_train(loaded, *, tokens: int = 12000, seed: int = 0, hidden: int = 102
     random.seed(seed)
     torch.manual_seed(seed)
     model, tok = loaded.model, loaded.tokenizer
-    eos = set(_eos_ids(loaded))
+    eos = set(eos_ids(loaded))
     timings, t0 = {}, time.perf_counter()
     n_prompts = max(2, math.ceil(tokens / (0.75 * max_new)))  # some continuations stop early at EOS
     if prompt_texts is None:

@@ -266,5 +266,5 @@ class LocalDraft(Proposer):
             ids = torch.tensor([tokens[match:]], device=self.device)  # (1, m)
             self.head(ids, torch.arange(self._n + match, self._n + len(tokens)), self._hc)
         positions = torch.arange(self._n, self._n + len(tokens))
-        self.tail._run_layers(received[: len(tokens)][None].to(self.device), positions, self._tc, None)
+        self.tail.run_layers(received[: len(tokens)][None].to(self.device), positions, self._tc, None)
         self._n += len(tokens)

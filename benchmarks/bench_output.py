@@ -1,0 +1,100 @@
+"""One output format for the single benchmarks (``bench speed | exactness | transport | decoding | extract``).
+
+Each command's figures become a versioned results document (:mod:`benchmarks.schema`),
+the same format ``bench run`` writes, so ``splitinfer bench regress`` reads any of them:
+the headline figures as metrics (``results[run][metric]``), the command's settings under
+``config`` and its full raw output under ``data`` (an extra top-level key, which the
+schema allows). The suite name is ``bench-<command>``.
+
+Kinds follow the schema's rules: token identity and greedy tau are ``exact``; measured /
+bound throughput ratios are ``efficiency``; timings that depend on the machine are ``info``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from benchmarks.schema import add_metric, metric, new_results, save
+
+
+def _scalars(raw: dict) -> dict[str, Any]:
+    """The settings of a raw result: its top-level scalars (JSON-safe config)."""
+    return {k: v for k, v in raw.items() if v is None or isinstance(v, (str, int, float, bool))}
+
+
+def document(command: str, config: dict, data: Any) -> dict:
+    """An empty results document of ``bench COMMAND`` holding ``data`` (the raw output)."""
+    doc = new_results(config, f"bench-{command}")
+    doc["data"] = data
+    return doc
+
+
+def speed_document(raw: dict) -> dict:
+    doc = document("speed", _scalars(raw), raw)
+    for r in raw["rows"]:
+        run = f"speed/split={raw['split']}/rtt={r['rtt_ms']:g}"
+        add_metric(doc, run, "tok_s", metric(r["measured_tok_s"], kind="info", unit="tok/s"))
+        add_metric(doc, run, "efficiency", metric(r["efficiency"], kind="efficiency"))
+        add_metric(doc, run, "bytes_per_step", metric(r["bytes_per_step"], higher_is_better=False, kind="exact",
+                                                      unit="B"))
+    return doc
+
+
+def exactness_document(rows: list[dict], config: dict) -> dict:
+    doc = document("exactness", config, rows)
+    for split in dict.fromkeys(r["split"] for r in rows):
+        for wire in dict.fromkeys(r["wire"] for r in rows):
+            rs = [r for r in rows if r["split"] == split and r["wire"] == wire]
+            if not rs:
+                continue
+            run = f"exactness/split={split}/wire={wire}"
+            add_metric(doc, run, "identical_share", metric(sum(r["identical"] for r in rs) / len(rs), n=len(rs),
+                                                           kind="exact"))
+            add_metric(doc, run, "max_logit_diff", metric(max(r["max_logit_diff"] for r in rs), n=len(rs),
+                                                          higher_is_better=False, kind="info"))
+    return doc
+
+
+def transport_document(raw: dict) -> dict:
+    doc = document("transport", _scalars(raw), raw)
+    for r in raw["overhead"]:
+        run = f"transport/body={r['model']}"
+        add_metric(doc, run, "transport_ms", metric(r["transport_ms"], n=r["steps"], higher_is_better=False,
+                                                    kind="info", unit="ms"))
+        add_metric(doc, run, "bytes_per_step", metric(r["bytes_per_step"], higher_is_better=False, kind="exact",
+                                                      unit="B"))
+    for r in raw["concurrency"]:
+        run = f"transport/sessions={r['sessions']}"
+        add_metric(doc, run, "aggregate_tok_s", metric(r["aggregate_tok_s"], kind="info", unit="tok/s"))
+        add_metric(doc, run, "identical_outputs", metric(r["identical_outputs"], kind="exact"))
+    return doc
+
+
+def extract_document(raw: dict) -> dict:
+    doc = document("extract", _scalars(raw), raw)
+    for r in raw["rows"]:
+        run = f"extract/boundary={r['boundary']}"
+        add_metric(doc, run, "extract_tok_s", metric(r["extract_tok_s"], kind="info", unit="tok/s"))
+        add_metric(doc, run, "ratio", metric(r["ratio"], kind="efficiency"))
+    return doc
+
+
+def decoding_document(summary: dict) -> dict:
+    """From ``bench decoding``'s summary (config + per-label table + targets)."""
+    config = summary.get("config", {})
+    doc = document("decoding", config if isinstance(config, dict) else {}, summary)
+    for label, row in summary["table"].items():
+        run = f"decoding/{label}"
+        add_metric(doc, run, "identical_share", metric(row["identical"] / row["n"], n=row["n"], kind="exact"))
+        add_metric(doc, run, "tau_mean", metric(row["tau"]["mean"], n=row["n"], kind="info", unit="tokens/step"))
+        add_metric(doc, run, "max_logit_diff", metric(row["max_logit_diff"], n=row["n"], higher_is_better=False,
+                                                      kind="info"))
+    return doc
+
+
+def write(doc: dict, out: str | Path) -> Path:
+    """Validate and write ``doc`` atomically; print where."""
+    path = save(doc, out)
+    print(f"results written to {path}")
+    return path
