@@ -10,6 +10,10 @@ Rules, chosen by the *baseline* metric's ``kind`` (see ``benchmarks.schema``):
   rise above ``baseline * (1 + rel_tol)`` when lower is better);
 * ``info``: never compared.
 
+Documents of an older schema major are first rewritten into the current
+one by :data:`MIGRATIONS` (the versioning rule of :mod:`benchmarks.schema`),
+so a renamed key, run or metric is compared under its new name.
+
 A run or metric in the baseline but not in the current results is a
 regression (rule ``missing``), and so is a metric whose ``kind`` changed
 (rule ``kind``: update the baseline deliberately).  New runs and metrics are
@@ -27,6 +31,7 @@ import logging
 import math
 import sys
 from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,11 +39,39 @@ from benchmarks import schema
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Regression", "add_arguments", "compare", "count_compared", "main", "run"]
+__all__ = ["MIGRATIONS", "Regression", "add_arguments", "compare", "count_compared", "load_migrated", "main",
+           "migrate", "run"]
 
 EXACT_ABS_TOL = 1e-9
 MIN_ACCURACY_TOL = 1e-9
 DEFAULT_EFFICIENCY_TOL = 0.15
+
+# old major -> function rewriting a document of that major into major + 1 (renamed keys, runs, metrics)
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+
+
+def migrate(doc: Any, migrations: dict[int, Callable[[dict], dict]] | None = None) -> Any:
+    """``doc`` rewritten from its schema major up to the current one (unchanged when already current).
+
+    A major with no migration is left as is, so :func:`schema.validate` names the mismatch.
+    """
+    steps = MIGRATIONS if migrations is None else migrations
+    while isinstance(doc, dict) and isinstance(doc.get("schema_version"), int) and \
+            doc["schema_version"] < schema.SCHEMA_VERSION and doc["schema_version"] in steps:
+        old = doc["schema_version"]
+        doc = steps[old](doc)
+        doc["schema_version"] = old + 1
+    return doc
+
+
+def load_migrated(path: str) -> dict[str, Any]:
+    """Read a results document, migrate it to the current schema major and validate it."""
+    doc = migrate(schema.read_json(path))
+    try:
+        schema.validate(doc)
+    except schema.SchemaError as exc:
+        raise schema.SchemaError(f"{path}: {exc}") from exc
+    return doc
 
 
 @dataclass(frozen=True)
@@ -175,8 +208,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Run the check for parsed ``args``; print findings; return the exit code."""
     try:
-        baseline = schema.load(args.baseline)
-        current = schema.load(args.results)
+        baseline = load_migrated(args.baseline)
+        current = load_migrated(args.results)
     except schema.SchemaError as exc:
         print(f"regress: error: {exc}", file=sys.stderr)
         return 2

@@ -3,7 +3,8 @@
 A results document looks like::
 
     {
-      "schema_version": 1,
+      "schema_version": 1,          # the major version (see "Versioning" below)
+      "schema_minor": 1,            # the minor version (absent: 0)
       "suite": "quick",
       "config": {...},              # model + sha256, corpus manifests, split, seeds
       "git_hash": "3f2a...",        # or "unknown" outside a git checkout
@@ -49,17 +50,20 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "KINDS",
+    "SCHEMA_MINOR",
     "SCHEMA_VERSION",
     "SchemaError",
     "add_metric",
     "load",
     "metric",
     "new_results",
+    "read_json",
     "save",
     "validate",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 1  # major: bumped when a key, run or metric is renamed or removed (migration in regress)
+SCHEMA_MINOR = 1  # minor: bumped when keys, runs or metrics are added
 KINDS = ("exact", "accuracy", "efficiency", "info")
 _VERSIONED_PACKAGES = ("torch", "transformers", "numpy", "splitinfer")
 _METRIC_REQUIRED = ("value", "ci_low", "ci_high", "n", "higher_is_better", "kind")
@@ -236,6 +240,7 @@ def new_results(
     git_hash, dirty = git_state(repo_dir)
     return {
         "schema_version": SCHEMA_VERSION,
+        "schema_minor": SCHEMA_MINOR,
         "suite": suite,
         "config": config,
         "git_hash": git_hash,
@@ -284,6 +289,9 @@ def validate(results: Any) -> None:
     if version != SCHEMA_VERSION:
         hint = "written by a newer splitinfer; upgrade" if version > SCHEMA_VERSION else "regenerate it"
         raise SchemaError(f"schema_version is {version}, this code reads {SCHEMA_VERSION} ({hint})")
+    minor = results.get("schema_minor", 0)
+    if not isinstance(minor, int) or isinstance(minor, bool) or minor < 0:
+        raise SchemaError(f"schema_minor is not a non-negative integer (got {_describe(minor)})")
     if not isinstance(results["suite"], str) or not results["suite"]:
         raise SchemaError(f"suite is not a non-empty string (got {_describe(results['suite'])})")
     if not isinstance(results["config"], dict):
@@ -334,8 +342,8 @@ def save(results: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     return path
 
 
-def load(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and validate a results file; SchemaError with the path for any problem."""
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """The JSON in a results file, not yet validated; SchemaError with the path if it cannot be read."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -344,10 +352,15 @@ def load(path: str | os.PathLike[str]) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise SchemaError(f"{path}: cannot read results file ({exc})") from exc
     try:
-        results = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         where = f"line {exc.lineno}, column {exc.colno}"
         raise SchemaError(f"{path}: not valid JSON ({where}: {exc.msg})") from exc
+
+
+def load(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read and validate a results file; SchemaError with the path for any problem."""
+    results = read_json(path)
     try:
         validate(results)
     except SchemaError as exc:

@@ -1,0 +1,59 @@
+import json
+
+import pytest
+
+from benchmarks import schema
+from benchmarks.run import budget_line, run_suite
+from benchmarks.suite import load_suite
+from splitinfer.errors import SplitInferError
+
+SUITE = """name = "mini"
+model = "tiny-random"
+seed = 0
+
+[exactness]
+budget_s = 600
+splits = ["2,2"]
+prompts = 1
+tokens = 4
+decodings = ["sequential"]
+
+[rtt_model]
+split = "2,2"
+decodings = ["sequential"]
+rtt_ms = [0, 5, 10]
+bandwidth_mbps = 100
+prompts = 1
+tokens = 6
+project_rtt_ms = [5, 20]
+"""
+
+
+def test_budget_line():
+    assert budget_line("speed", 61.24, 90) == "stage speed: 61.2 s (budget 90 s)"
+    assert budget_line("speed", 91.0, 90).endswith("OVER BUDGET")
+    assert budget_line("attacks", 3.0, None) == "stage attacks: 3.0 s (no budget)"
+
+
+def test_run_suite_records_stage_times_and_budgets(tmp_path, capsys):
+    path = tmp_path / "mini.toml"
+    path.write_text(SUITE)
+    suite = load_suite(str(path))
+    out = run_suite(suite, tmp_path / "out")
+    results = schema.load(out)
+    assert results["schema_minor"] == schema.SCHEMA_MINOR
+    assert results["results"]["exactness/sequential/split=2,2"]["identical_share"]["value"] == 1.0
+    assert results["results"]["harness/stage=exactness"]["budget_s"]["value"] == 600
+    assert results["results"]["harness/stage=rtt_model"]["budget_s"]["value"] is None
+    data = results["data"]
+    assert set(data["stage_seconds"]) == {"exactness", "rtt_model"} and data["stage_budget_s"]["exactness"] == 600
+    err = capsys.readouterr().err
+    assert "stage exactness: " in err and "(budget 600 s)" in err and "stage rtt_model: " in err
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "## Stage times" in report and "| exactness |" in report
+    assert json.loads(out.read_text())["config"]["stages"]["exactness"]["splits"] == ["2,2"]
+    # a subset of the stages; a stage the suite does not have is a one-line error before any work
+    run_suite(suite, tmp_path / "only", stages=["rtt_model"])
+    assert "exactness" not in schema.load(tmp_path / "only" / "results.json")["data"]
+    with pytest.raises(SplitInferError, match="--stages speed: not in suite 'mini'"):
+        run_suite(suite, tmp_path / "x", stages=["speed"])

@@ -1,0 +1,54 @@
+import pytest
+
+from benchmarks.stages import STAGES, ExactnessConfig, SpeedConfig, get_stage
+from benchmarks.suite import load_suite
+from splitinfer.cli import main
+from splitinfer.errors import SplitInferError
+
+
+def test_every_stage_is_registered_once_with_an_importable_entry():
+    assert list(STAGES) == ["exactness", "speed", "rtt_model", "ngram_ablation", "attacks"]
+    for stage in STAGES.values():
+        assert callable(stage.function()), stage.entry
+    with pytest.raises(SplitInferError, match="unknown stage 'nope'; known: exactness, speed"):
+        get_stage("nope")
+
+
+def test_stage_configs_are_frozen_and_check_types():
+    cfg = SpeedConfig.from_table({"rtt_ms": [20, 80], "bandwidth_mbps": 100, "budget_s": 30}, "s [speed]")
+    assert cfg.bandwidth_mbps == 100 and cfg.budget_s == 30
+    assert cfg.table() == {"rtt_ms": [20, 80], "bandwidth_mbps": 100}  # what the stage reads: no budget, no unset keys
+    with pytest.raises(AttributeError):
+        cfg.tokens = 3
+    for table, message in (({"tokens": True}, "tokens must be int, got True"),
+                           ({"splits": "2,2"}, "splits must be list"),
+                           ({"budget_s": 0}, "budget_s must be > 0"),
+                           ({"budget_s": "1m"}, "budget_s must be float"),
+                           ({"prompt": 1}, "unknown key 'prompt'; allowed: budget_s, decodings, prompts")):
+        with pytest.raises(SplitInferError, match=message):
+            ExactnessConfig.from_table(table, "s [exactness]")
+
+
+def test_committed_suites_give_budgets_that_fit_the_quick_limit():
+    quick = load_suite("quick")
+    budgets = [quick.budget_s(s) for s in quick.stages]
+    assert None not in budgets and sum(budgets) <= 600 - 60  # 10 minutes on 2 cores, a minute for loading
+    assert "budget_s" not in quick.stages["speed"]  # stage functions see only their own keys
+
+
+def test_bench_ls_lists_suites_and_stages(capsys):
+    assert main(["bench", "ls"]) == 0
+    out = capsys.readouterr().out
+    assert "quick" in out and "ci" in out and "speed (240 s)" in out
+    for name in STAGES:
+        assert name in out
+
+
+def test_bench_validate_one_line_per_suite(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "x"\nmodel = "tiny-random"\n[speed]\nbudget_s = -1\n')
+    assert main(["bench", "validate", "ci", str(bad)]) == 2
+    out, err = capsys.readouterr()
+    assert out.strip().endswith("ci.toml: ok (4 stages: exactness, speed, rtt_model, attacks; budgets sum to 145 s)")
+    assert err.strip().splitlines() == [f"splitinfer: error: {bad} [speed]: budget_s must be > 0 seconds, got -1"]
+    assert main(["bench", "validate", "ci"]) == 0
