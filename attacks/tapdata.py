@@ -1,4 +1,4 @@
-"""In-memory activation taps for the attackers, and a one-pass multi-depth extractor.
+"""In-memory activation taps for the attackers.
 
 :class:`Taps` is what every :class:`~attacks.base.InversionAttack` consumes:
 per-token hidden states, token ids and character offsets, with sequences
@@ -8,14 +8,9 @@ sequence tied to a document (for document-level metrics and bootstrap CIs).
 cache), a list of them, or a :class:`Taps` into one :class:`Taps` without
 copying the memory-mapped hidden states when it can.
 
-:func:`extract_depths` is an adapter for the per-depth study: it runs ONE
-truncated forward to the deepest requested boundary and keeps the states after
-every requested depth (forward hooks on the decoder layers), instead of one
-forward per boundary as :func:`attacks.taps.extract_taps` does. Tokenization,
-chunking (each sequence starts at position 0, no special tokens) and
-equal-length batching follow :mod:`attacks.taps`, so the states are the ones
-the cloud sees; it additionally caps tokens per document (``max_doc_tokens``)
-so that a small token budget still spans many documents. Nothing is cached.
+Taps are computed by the one extractor of :mod:`attacks.taps`: on disk and
+cached (:func:`~attacks.taps.extract_taps`) or in memory at several depths in
+one forward (:func:`~attacks.taps.extract_depths`).
 """
 
 from __future__ import annotations
@@ -31,7 +26,7 @@ from attacks.errors import AttackError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Taps", "as_taps", "extract_depths"]
+__all__ = ["Taps", "as_taps"]
 
 
 @dataclass
@@ -205,96 +200,3 @@ def as_taps(data: Any) -> Taps:
     if hasattr(data, "chunks") and hasattr(data, "index") and hasattr(data, "hidden"):
         return _from_tapset(data)
     raise AttackError(f"expected taps (attacks.tapdata.Taps or attacks.tapstore.TapSet), got {type(data).__name__}")
-
-
-# ---------------------------------------------------------------------------- multi-depth extraction
-
-
-def _tokenize(dataset: Any, tokenizer: Any, max_length: int, max_tokens: int | None, max_doc_tokens: int | None):
-    """Token ids / offsets per sequence, sequence -> document, and the documents (text cut to what is covered)."""
-    budget = max_tokens if max_tokens is not None else float("inf")
-    seqs: list[tuple[np.ndarray, np.ndarray, int]] = []
-    docs: list[dict[str, Any]] = []
-    for lo in range(0, len(dataset), 64):
-        if budget <= 0:
-            break
-        rows = dataset[lo: lo + 64]
-        enc = tokenizer(rows["text"], add_special_tokens=False, return_offsets_mapping=True, verbose=False)
-        for k, text in enumerate(rows["text"]):
-            cap = int(min(budget, max_doc_tokens or float("inf"), 1 << 62))
-            ids = np.asarray(enc["input_ids"][k], dtype=np.int64)[:cap]  # (n,)
-            if ids.size == 0:
-                continue
-            offs = np.asarray(enc["offset_mapping"][k], dtype=np.int32).reshape(-1, 2)[: ids.size]  # (n, 2)
-            budget -= ids.size
-            covered = int(offs[:, 1].max())
-            spans = [dict(s) for s in rows["pii_spans"][k]] if "pii_spans" in rows else []
-            docs.append({"doc_id": rows["doc_id"][k], "genre": rows["genre"][k] if "genre" in rows else "",
-                         "text": text[:covered], "pii_spans": [s for s in spans if s["start"] < covered]})
-            for a in range(0, ids.size, max_length):
-                seqs.append((ids[a: a + max_length], offs[a: a + max_length], len(docs) - 1))
-            if budget <= 0:
-                break
-    return seqs, docs
-
-
-def extract_depths(loaded: Any, corpus: str, boundaries: Sequence[str], split: str | None = None, *,
-                   max_tokens: int | None = None, max_length: int = 128, max_doc_tokens: int | None = None,
-                   batch_size: int = 8, dtype: str = "fp16", seed: int = 0, progress: bool = True) -> dict[str, Taps]:
-    """Hidden states at several boundaries of ``loaded`` for one corpus split, in one truncated forward.
-
-    Returns ``{boundary: Taps}``. ``dtype`` is the stored (wire) precision,
-    ``fp16`` like :mod:`attacks.taps` or ``fp32``.
-    """
-    import torch
-    from tqdm.auto import tqdm
-
-    from attacks.corpora import load_corpus
-    from attacks.taps import Boundary, TruncatedForward, pad_batch, plan_batches
-
-    if dtype not in ("fp16", "fp32"):
-        raise AttackError(f"unknown tap dtype {dtype!r}; choose fp16 or fp32")
-    bounds = [Boundary.parse(b) for b in boundaries]
-    if not bounds:
-        raise AttackError("no boundary given; name one or more, e.g. head:2,tail:2")
-    depths = {str(b): b.depth(loaded.num_layers) for b in bounds}
-    dataset = load_corpus(corpus, split, seed, None, loaded.tokenizer)
-    seqs, docs = _tokenize(dataset, loaded.tokenizer, max_length, max_tokens, max_doc_tokens)
-    if not seqs:
-        raise AttackError(f"corpus {corpus!r} split {split!r} yields no tokens; pick a corpus with text")
-    stack = TruncatedForward(loaded.model, max(depths.values()))
-    captured: dict[int, Any] = {}
-    want = sorted(set(depths.values()))
-    hooks = [stack.layers[d - 1].register_forward_hook(
-        lambda _m, _i, out, d=d: captured.__setitem__(d, out[0] if isinstance(out, tuple) else out)) for d in want]
-    np_dtype = np.float16 if dtype == "fp16" else np.float32
-    lengths = [len(s[0]) for s in seqs]
-    starts = np.concatenate([[0], np.cumsum(lengths)])
-    n = int(starts[-1])
-    out = {d: np.empty((n, loaded.hidden_size), dtype=np_dtype) for d in want}  # depth -> (N, d)
-    device = next(loaded.model.parameters()).device
-    pad_id = int(loaded.tokenizer.pad_token_id or 0)
-    try:
-        with torch.no_grad(), tqdm(total=n, unit="tok", desc=f"taps {corpus} {','.join(depths)}",
-                                   disable=not progress, leave=False) as bar:
-            for batch in plan_batches(lengths, batch_size, padded=False):
-                stack(pad_batch([seqs[i][0] for i in batch], pad_id).to(device))  # (B, T) -> hooks fill captured
-                for d in want:
-                    h = captured[d].to(torch.float32).cpu().numpy().astype(np_dtype)  # (B, T, d)
-                    for k, i in enumerate(batch):
-                        out[d][starts[i]: starts[i + 1]] = h[k, : lengths[i]]
-                bar.update(sum(lengths[i] for i in batch))
-    finally:
-        for h in hooks:
-            h.remove()
-    token_ids = np.concatenate([s[0] for s in seqs])
-    offsets = np.concatenate([s[1] for s in seqs])
-    seq_doc = np.array([s[2] for s in seqs], dtype=np.int64)
-    result = {}
-    for name, d in depths.items():
-        meta = {"model": loaded.spec, "model_sha256": loaded.sha256, "boundary": name, "depth": d,
-                "num_layers": loaded.num_layers, "hidden_size": loaded.hidden_size, "corpus": corpus,
-                "split": split, "vocab_size": int(loaded.config.vocab_size), "kind": "teacher-forced", "dtype": dtype}
-        result[name] = Taps(out[d], token_ids, lengths, seq_doc, docs, offsets, meta)
-    log.info("extracted %d tokens of %s at %s", n, corpus, ", ".join(depths))
-    return result

@@ -14,12 +14,15 @@ Both must be real split points: ``1 <= A <= L - 2`` and ``1 <= B <= L - 2``
 the runtime's own layer runner (the model's decoder-layer modules on a fresh
 :class:`~splitinfer.kv_cache.PartKVCache`), so batch-1 states are
 bit-identical to what ``LocalHead`` sends for the same token ids.
-:func:`extract_taps` tokenizes a corpus split (fast tokenizer, character
-offsets), cuts documents into sequences of at most ``max_length`` tokens
-(each sequence starts at position 0), stops at ``max_tokens``, batches
-sequences and writes fp16 shards (:mod:`attacks.tapstore`) under
-``cache_dir()/taps/``, keyed by model sha256, corpus manifest, split,
-boundary, max length and max tokens. Extraction resumes where it stopped.
+There is one extractor: a corpus split is planned (:mod:`attacks.tapplan`:
+tokenized with character offsets, cut into sequences of at most ``max_length``
+tokens that each start at position 0, stopped at ``max_tokens``) and run through
+:func:`forward_rows`, one truncated forward that keeps the states after every
+requested depth. :func:`extract_taps` writes them as fp16 shards
+(:mod:`attacks.tapstore`) under ``cache_dir()/taps/``, keyed by model sha256,
+corpus manifest, split, boundary, max length and max tokens, and resumes where
+it stopped; :func:`extract_depths` returns several depths at once in memory
+(:class:`~attacks.tapdata.Taps`, nothing cached).
 
 Batching: by default only sequences of *equal length* share a batch, so
 no padding or mask is needed. ``batch_size=1`` gives states bit-identical to
@@ -48,9 +51,9 @@ import numpy as np
 import torch
 
 from attacks.errors import AttackError
-from attacks.pii_templates import SPAN_TYPES
-from attacks.tapstore import (FORMAT_VERSION, TapSet, pii_label_array, read_index, read_shard_header, shard_name,
-                              write_index, write_shard)
+from attacks.tapdata import Taps
+from attacks.tapplan import Plan, pad_batch, plan_batches, plan_sequences
+from attacks.tapstore import FORMAT_VERSION, TapSet, matching_index, shard_complete, write_index, write_shard
 from splitinfer.kv_cache import PartKVCache
 from splitinfer.partition import LayerStack
 
@@ -118,109 +121,6 @@ class TruncatedForward(LayerStack):
         """input_ids (B, T), right-padded if ragged -> hidden states (B, T, d); positions are 0..T-1."""
         positions = torch.arange(input_ids.shape[1])  # (T,)
         return self.run_layers(self.embed_tokens(input_ids), positions, PartKVCache(), None)
-
-
-# ---------------------------------------------------------------------------- planning
-
-
-@dataclass
-class _Plan:
-    """Documents, sequences (chunks) and shards of one extraction; per-chunk token arrays."""
-
-    documents: list[dict[str, Any]]
-    chunks: list[dict[str, Any]]
-    shards: list[dict[str, Any]]
-    pii_types: list[str]
-    ids: list[np.ndarray]  # per chunk (T,) int32
-    offsets: list[np.ndarray]  # per chunk (T, 2) int32
-    labels: list[np.ndarray]  # per chunk (T,) int16
-
-
-def plan_sequences(dataset: Any, tokenizer: Any, max_length: int, max_tokens: int | None,
-                   shard_tokens: int) -> _Plan:
-    """Tokenize documents (no special tokens, with offsets), cut them into sequences, assign shards.
-
-    Documents are taken in split order until ``max_tokens``; the last one is
-    cut. A document's stored ``text`` and ``pii_spans`` cover only its
-    tokenized part (spans that end beyond it are left out).
-    """
-    if not getattr(tokenizer, "is_fast", False):
-        raise AttackError("taps need a fast (Rust) tokenizer for character offsets; load the model with its "
-                          "tokenizer.json")
-    # every set labels the synthetic corpus's span types the same way (+ any other types present, sorted)
-    types = list(SPAN_TYPES) + sorted({s["type"] for spans in dataset["pii_spans"] for s in spans} - set(SPAN_TYPES))
-    budget = max_tokens if max_tokens is not None else float("inf")
-    plan = _Plan([], [], [], types, [], [], [])
-    lo, seen_docs, seen_tokens = 0, 0, 0
-    while lo < len(dataset) and budget > 0:
-        # tokenize only about as many documents as the remaining budget needs (estimated from those seen)
-        per_doc = seen_tokens / seen_docs if seen_docs else 0
-        n = 64 if budget == float("inf") else 1 if not per_doc else int(min(64, max(1, -(-budget // per_doc))))
-        rows = dataset[lo : lo + n]
-        lo += n
-        enc = tokenizer(rows["text"], add_special_tokens=False, return_offsets_mapping=True, verbose=False)
-        for k, text in enumerate(rows["text"]):
-            seen_docs, seen_tokens = seen_docs + 1, seen_tokens + len(enc["input_ids"][k])
-            ids = np.asarray(enc["input_ids"][k], dtype=np.int32)[: int(min(budget, 1 << 62))]  # (n,)
-            if ids.size == 0:
-                log.info("document %s has no tokens; skipped", rows["doc_id"][k])
-                continue
-            offs = np.asarray(enc["offset_mapping"][k], dtype=np.int32).reshape(-1, 2)[: ids.size]  # (n, 2)
-            budget -= ids.size
-            d = len(plan.documents)
-            spans = list(rows["pii_spans"][k])
-            labels = pii_label_array(offs, spans, types)  # (n,)
-            first_chunk = len(plan.chunks)
-            for j, a in enumerate(range(0, ids.size, max_length)):
-                b = min(a + max_length, ids.size)
-                plan.chunks.append({"doc": d, "chunk": j, "length": b - a, "char_start": int(offs[a:b, 0].min()),
-                                    "char_end": int(offs[a:b, 1].max())})
-                plan.ids.append(ids[a:b])
-                plan.offsets.append(offs[a:b])
-                plan.labels.append(labels[a:b])
-            covered = int(offs[:, 1].max())
-            plan.documents.append({"doc_id": rows["doc_id"][k], "group_id": rows["group_id"][k],
-                                   "genre": rows["genre"][k], "split": rows["split"][k], "text": text[:covered],
-                                   "pii_spans": [s for s in spans if s["end"] <= covered],
-                                   "n_tokens": int(ids.size), "chunks": list(range(first_chunk, len(plan.chunks)))})
-            if budget <= 0:
-                break
-    shard_fill = shard_tokens  # start a new shard on the first chunk
-    for c in plan.chunks:
-        if shard_fill + c["length"] > shard_tokens and shard_fill > 0:
-            plan.shards.append({"file": shard_name(len(plan.shards)), "n_tokens": 0})
-            shard_fill = 0
-        c["shard"], c["start"] = len(plan.shards) - 1, shard_fill
-        shard_fill += c["length"]
-        plan.shards[-1]["n_tokens"] = shard_fill
-    return plan
-
-
-def plan_batches(lengths: Sequence[int], batch_size: int, padded: bool = False) -> list[list[int]]:
-    """Group sequence indices into batches of at most ``batch_size``.
-
-    Exact mode (default): only equal lengths share a batch, so no padding is
-    needed. Padded mode: indices sorted by length (longest first) and cut in
-    order, which keeps the padding small. Deterministic.
-    """
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    if padded:
-        return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    batches: list[list[int]] = []
-    for i in order:
-        if batches and len(batches[-1]) < batch_size and lengths[batches[-1][0]] == lengths[i]:
-            batches[-1].append(i)
-        else:
-            batches.append([i])
-    return batches
-
-
-def pad_batch(seqs: Sequence[np.ndarray], pad_id: int) -> torch.Tensor:
-    """Right-pad token id arrays into a (B, T) int64 tensor."""
-    out = np.full((len(seqs), max(len(s) for s in seqs)), pad_id, dtype=np.int64)  # (B, T)
-    for b, s in enumerate(seqs):
-        out[b, : len(s)] = s
-    return torch.from_numpy(out)
 
 
 # ---------------------------------------------------------------------------- extraction
@@ -301,7 +201,7 @@ def extract_taps(
     name = f"{_slug(corpus)}-{manifest['split']}-{b.side}{b.layers}-len{max_length}-{key}"
     directory = Path(root) if root is not None else taps_root()
     directory = directory / f"{_slug(loaded.spec)}-{loaded.sha256[:8]}" / name
-    old = _existing_index(directory, key_fields)
+    old = matching_index(directory, key_fields)
     if old is not None and old.get("complete"):
         log.info("taps cache hit: %s", directory)
         return TapSet(directory)
@@ -340,28 +240,43 @@ def extract_taps(
     return TapSet(directory)
 
 
-def _existing_index(directory: Path, key_fields: dict[str, Any]) -> dict[str, Any] | None:
-    if not (directory / "index.json").is_file():
-        return None
+def forward_rows(loaded: Any, stack: TruncatedForward, plan: Plan, rows: Sequence[int], depths: Sequence[int],
+                 batch_size: int, padded: bool, dtype: str, bar: Any = None) -> tuple[dict[int, np.ndarray], float]:
+    """The one extractor's forward: states after each of ``depths`` for the sequences ``rows`` of ``plan``.
+
+    Runs ``stack`` (embedding + layers up to the deepest of ``depths``) once per batch and keeps the output
+    of every requested layer (forward hooks). Returns ``{depth: (N, d)}`` in ``rows`` order, stored as
+    ``dtype``, and the CPU seconds spent inside the forward itself.
+    """
+    torch_dtype, np_dtype = STORE_DTYPES[dtype]
+    device = next(loaded.model.parameters()).device
+    pad_id = int(loaded.tokenizer.pad_token_id or 0)
+    lengths = [plan.chunks[i]["length"] for i in rows]
+    starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    out = {d: np.empty((int(starts[-1]), loaded.hidden_size), dtype=np_dtype) for d in depths}  # depth -> (N, d)
+    captured: dict[int, torch.Tensor] = {}
+    hooks = [stack.layers[d - 1].register_forward_hook(
+        lambda _m, _i, o, d=d: captured.__setitem__(d, o[0] if isinstance(o, tuple) else o)) for d in depths]
+    forward_cpu = 0.0
     try:
-        index = read_index(directory)
-    except AttackError as e:
-        log.warning("ignoring unreadable tap index in %s: %s", directory, e)
-        return None
-    return index if index.get("key") == key_fields else None
+        for batch in plan_batches(lengths, batch_size, padded):
+            ids = pad_batch([plan.ids[rows[j]] for j in batch], pad_id).to(device)  # (B, T)
+            c0 = time.process_time()
+            stack(ids)  # (B, T, d); the hooks fill ``captured``
+            forward_cpu += time.process_time() - c0
+            for d in depths:
+                h = captured[d].to(torch_dtype).cpu().numpy()  # (B, T, d)
+                for k, j in enumerate(batch):
+                    out[d][starts[j]: starts[j + 1]] = h[k, : lengths[j]]
+            if bar is not None:
+                bar.update(sum(lengths[j] for j in batch))
+    finally:
+        for h in hooks:
+            h.remove()
+    return out, forward_cpu
 
 
-def _shard_done(path: Path, n_tokens: int, hidden_size: int) -> bool:
-    if not path.is_file():
-        return False
-    try:
-        header = read_shard_header(path)
-    except AttackError:
-        return False
-    return header.get("hidden", {}).get("shape") == [n_tokens, hidden_size]
-
-
-def _run_shards(loaded: Any, stack: TruncatedForward, plan: _Plan, directory: Path, batch_size: int, padded: bool,
+def _run_shards(loaded: Any, stack: TruncatedForward, plan: Plan, directory: Path, batch_size: int, padded: bool,
                 dtype: str, desc: str, progress: bool, on_shard: Callable[[int], None] | None) -> tuple[int, float]:
     """Compute and write every shard of ``plan`` whose file does not exist yet.
 
@@ -369,14 +284,11 @@ def _run_shards(loaded: Any, stack: TruncatedForward, plan: _Plan, directory: Pa
     """
     from tqdm.auto import tqdm
 
-    torch_dtype, np_dtype = STORE_DTYPES[dtype]
-    device = next(loaded.model.parameters()).device
-    pad_id = int(loaded.tokenizer.pad_token_id or 0)
     d = loaded.hidden_size
     rows_of: list[list[int]] = [[] for _ in plan.shards]
     for i, c in enumerate(plan.chunks):
         rows_of[c["shard"]].append(i)
-    todo = [s for s, e in enumerate(plan.shards) if not _shard_done(directory / e["file"], e["n_tokens"], d)]
+    todo = [s for s, e in enumerate(plan.shards) if not shard_complete(directory / e["file"], e["n_tokens"], d)]
     total = sum(e["n_tokens"] for e in plan.shards)
     done = total - sum(plan.shards[s]["n_tokens"] for s in todo)
     if done:
@@ -386,20 +298,10 @@ def _run_shards(loaded: Any, stack: TruncatedForward, plan: _Plan, directory: Pa
     with tqdm(total=total, initial=done, unit="tok", desc=desc, disable=not progress, leave=False) as bar:
         for s in todo:
             rows = rows_of[s]
-            hidden = np.empty((plan.shards[s]["n_tokens"], d), dtype=np_dtype)  # (N, d)
-            for batch in plan_batches([plan.chunks[i]["length"] for i in rows], batch_size, padded):
-                idx = [rows[j] for j in batch]
-                ids = pad_batch([plan.ids[i] for i in idx], pad_id).to(device)  # (B, T)
-                c0 = time.process_time()
-                out = stack(ids)  # (B, T, d)
-                forward_cpu += time.process_time() - c0
-                out = out.to(torch_dtype).cpu().numpy()
-                for k, i in enumerate(idx):
-                    c = plan.chunks[i]
-                    hidden[c["start"] : c["start"] + c["length"]] = out[k, : c["length"]]
-                bar.update(sum(plan.chunks[i]["length"] for i in idx))
+            states, cpu = forward_rows(loaded, stack, plan, rows, [len(stack.layers)], batch_size, padded, dtype, bar)
+            forward_cpu += cpu
             write_shard(directory / plan.shards[s]["file"], {
-                "hidden": hidden,
+                "hidden": states[len(stack.layers)],
                 "token_ids": np.concatenate([plan.ids[i] for i in rows]),
                 "positions": np.concatenate([np.arange(plan.chunks[i]["length"], dtype=np.int32) for i in rows]),
                 "offsets": np.concatenate([plan.offsets[i] for i in rows]),
@@ -409,6 +311,47 @@ def _run_shards(loaded: Any, stack: TruncatedForward, plan: _Plan, directory: Pa
             if on_shard is not None:
                 on_shard(s)
     return total - done, forward_cpu
+
+
+def extract_depths(loaded: Any, corpus: str, boundaries: Sequence[str | Boundary], split: str | None = None, *,
+                   max_tokens: int | None = None, max_length: int = 128, max_doc_tokens: int | None = None,
+                   batch_size: int = 8, dtype: str = "fp16", seed: int = 0, progress: bool = True) -> dict[str, Taps]:
+    """In memory, not cached: ``{boundary: Taps}`` for one corpus split, in ONE truncated forward to the deepest.
+
+    The same plan and forward as :func:`extract_taps` (:func:`forward_rows`, equal-length batches), so the
+    states are the ones the cloud sees; ``max_doc_tokens`` caps tokens per document, and PII spans that
+    start in a document's covered text are kept (``partial_spans``).
+    """
+    from tqdm.auto import tqdm
+
+    from attacks.corpora import load_corpus
+
+    bounds = [Boundary.parse(b) for b in boundaries]
+    if not bounds:
+        raise AttackError("no boundary given; name one or more, e.g. head:2,tail:2")
+    _check_args(max_length, max_tokens, batch_size, dtype, 1 << 62, 0)
+    depths = {str(b): b.depth(loaded.num_layers) for b in bounds}
+    dataset = load_corpus(corpus, split, seed, None, loaded.tokenizer)
+    plan = plan_sequences(dataset, loaded.tokenizer, max_length, max_tokens, 1 << 62, max_doc_tokens,
+                          partial_spans=True)
+    if not plan.chunks:
+        raise AttackError(f"corpus {corpus!r} split {split!r} yields no tokens; pick a corpus with text")
+    rows = list(range(len(plan.chunks)))
+    want = sorted(set(depths.values()))
+    n = sum(c["length"] for c in plan.chunks)
+    with torch.no_grad(), tqdm(total=n, unit="tok", desc=f"taps {corpus} {','.join(depths)}", disable=not progress,
+                               leave=False) as bar:
+        states, _ = forward_rows(loaded, TruncatedForward(loaded.model, want[-1]), plan, rows, want, batch_size,
+                                 False, dtype, bar)
+    docs = [{k: doc[k] for k in ("doc_id", "genre", "text", "pii_spans")} for doc in plan.documents]
+    token_ids, offsets = np.concatenate(plan.ids), np.concatenate(plan.offsets)
+    lengths, seq_doc = [c["length"] for c in plan.chunks], [c["doc"] for c in plan.chunks]
+    log.info("extracted %d tokens of %s at %s", n, corpus, ", ".join(depths))
+    return {name: Taps(states[d], token_ids, lengths, seq_doc, docs, offsets, {
+        "model": loaded.spec, "model_sha256": loaded.sha256, "boundary": name, "depth": d,
+        "num_layers": loaded.num_layers, "hidden_size": loaded.hidden_size, "corpus": corpus, "split": split,
+        "vocab_size": int(loaded.config.vocab_size), "kind": "teacher-forced", "dtype": dtype})
+        for name, d in depths.items()}
 
 
 def parse_corpora(text: str | Sequence[str]) -> list[str]:

@@ -330,6 +330,29 @@ class TapSet:
         return self.select_documents(parts["train"]), self.select_documents(parts["test"])
 
 
+def matching_index(directory: Path, key_fields: dict[str, Any]) -> dict[str, Any] | None:
+    """The index of the tap set in ``directory`` if its cache key is ``key_fields`` (None: absent, other or unreadable)."""
+    if not (directory / "index.json").is_file():
+        return None
+    try:
+        index = read_index(directory)
+    except AttackError as e:
+        log.warning("ignoring unreadable tap index in %s: %s", directory, e)
+        return None
+    return index if index.get("key") == key_fields else None
+
+
+def shard_complete(path: Path, n_tokens: int, hidden_size: int) -> bool:
+    """True when the shard file at ``path`` exists and holds ``n_tokens`` rows of ``hidden_size`` states."""
+    if not path.is_file():
+        return False
+    try:
+        header = read_shard_header(path)
+    except AttackError:
+        return False
+    return header.get("hidden", {}).get("shape") == [n_tokens, hidden_size]
+
+
 def pii_label_array(offsets: np.ndarray, spans: Sequence[dict[str, Any]], types: Sequence[str]) -> np.ndarray:
     """(T,) int16 PII label per token: 1 + index of the first span type whose span overlaps the token."""
     offsets = np.asarray(offsets).reshape(-1, 2)  # (T, 2)

@@ -3,7 +3,7 @@
 For head depths A (the states the cloud receives, ``head:A``) and output-side
 depths L-B (the states it returns to a B-layer tail, ``tail:B``), taps of the
 train, val and test splits of every corpus are extracted in ONE truncated
-forward per corpus and split (:func:`attacks.tapdata.extract_depths`). Every
+forward per corpus and split (:func:`attacks.taps.extract_depths`). Every
 attacker is fitted on the pooled training taps of a boundary and scored on the
 pooled held-out test documents (95% bootstrap CIs over documents), with PII
 recovery per type. The seed's MLP protocol (about 880 pairs, random token-level
@@ -33,7 +33,8 @@ import numpy as np
 from attacks.evaluate import score
 from attacks.recipes.vocab_match import scoring_subset
 from attacks.registry import get_attack_class, make_attack
-from attacks.tapdata import Taps, extract_depths
+from attacks.tapdata import Taps
+from attacks.taps import extract_depths
 
 log = logging.getLogger(__name__)
 

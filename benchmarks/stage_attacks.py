@@ -23,7 +23,8 @@ from tqdm import tqdm
 from attacks.evaluate import score
 from attacks.recipes.vocab_match import scoring_subset
 from attacks.registry import get_attack_class, make_attack
-from attacks.tapdata import Taps, extract_depths
+from attacks.tapdata import Taps
+from attacks.taps import extract_depths
 from benchmarks.schema import add_metric, metric
 from splitinfer.models import LoadedModel
 

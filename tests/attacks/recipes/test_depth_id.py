@@ -9,7 +9,7 @@ import pytest
 
 from attacks.errors import AttackError
 from attacks.registry import load_attack, make_attack
-from attacks.tapdata import extract_depths
+from attacks.taps import extract_depths
 from tests.attacks.synth import make_taps
 
 

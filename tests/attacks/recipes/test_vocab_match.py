@@ -12,7 +12,7 @@ import torch
 from attacks.errors import AttackError
 from attacks.recipes.vocab_match import match_distance
 from attacks.registry import load_attack, make_attack
-from attacks.tapdata import extract_depths
+from attacks.taps import extract_depths
 from tests.attacks.synth import accuracy, make_taps
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Call Ann Lee at 555-0199 about invoice 42.",
