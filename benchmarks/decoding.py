@@ -92,10 +92,10 @@ def noise_floor(model, prompt_ids: list[int], output: list[int], ref_logits: lis
 
     cache, seq, rows = DynamicCache(), list(prompt_ids) + list(output), []
     dev = next(model.parameters()).device
-    rows.append(model(torch.tensor([prompt_ids], device=dev), past_key_values=cache, use_cache=True).logits[0, -1:])
+    rows.append(model(torch.tensor([prompt_ids], device=dev), cache=cache, use_cache=True).logits[0, -1:])
     for i in range(len(prompt_ids), len(seq) - 1, chunk):
         ids = torch.tensor([seq[i : min(i + chunk, len(seq) - 1)]], device=dev)
-        rows.append(model(ids, past_key_values=cache, use_cache=True).logits[0])  # (n, V)
+        rows.append(model(ids, cache=cache, use_cache=True).logits[0])  # (n, V)
     got = torch.cat(rows)[: len(output)].float().cpu()
     return (got - torch.stack(ref_logits[: len(output)]).cpu()).abs().max().item()
 
