@@ -331,7 +331,7 @@ class TapSet:
 
 
 def matching_index(directory: Path, key_fields: dict[str, Any]) -> dict[str, Any] | None:
-    """The index of the tap set in ``directory`` if its cache key is ``key_fields`` (None: absent, other or unreadable)."""
+    """The index of the tap set in ``directory`` if its cache key is ``key_fields`` (else None)."""
     if not (directory / "index.json").is_file():
         return None
     try:

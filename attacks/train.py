@@ -221,7 +221,8 @@ def add_parsers(asub) -> None:
     add_subset(e, "test for built-in corpora, all for file:/hf:")
     e.add_argument("--boundary", default=None, type=boundary_list,
                    help="override the checkpoint's boundary (needed for depth-id)")
-    e.add_argument("--max-tokens", type=positive_int, default=50_000, help="tokens scored in total (default %(default)s)")
+    e.add_argument("--max-tokens", type=positive_int, default=50_000,
+                   help="tokens scored in total (default %(default)s)")
     e.add_argument("--max-length", type=positive_int, default=None, help="default: the checkpoint's training value")
     e.add_argument("--json", action="store_true", help="no progress bars; print one JSON object as the last line")
     e.set_defaults(func=cmd_eval)

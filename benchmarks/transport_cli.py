@@ -26,7 +26,8 @@ def register(bsub) -> None:
     t.add_argument("--split", default="2,2")
     add_max_new_tokens(t, 64, "decode steps per measurement")
     t.add_argument("--repeats", type=int, default=3, help="interleaved repeats per link")
-    t.add_argument("--sessions", type=int_list, default="1,2,4,8", help="concurrent session counts (default %(default)s)")
+    t.add_argument("--sessions", type=int_list, default="1,2,4,8",
+                   help="concurrent session counts (default %(default)s)")
     t.add_argument("--synthetic-hidden", type=optional_int_list, default="576,4096",
                    help="hidden sizes of compute-free synthetic bodies ('' for none; default %(default)s)")
     add_wire_dtype(t)

@@ -195,7 +195,8 @@ class ModelFlags:
 
 def add_model_args(p: argparse.ArgumentParser, split_default: str | None = "2,2", seed: bool = True) -> None:
     """Flags shared by every command that loads a model (``seed=False``: the command adds its own ``--seed``)."""
-    p.add_argument("--model", default="default", help="default | gemma3-270m | tiny-random | DIR | FILE.gguf | org/name")
+    p.add_argument("--model", default="default",
+                   help="default | gemma3-270m | tiny-random | DIR | FILE.gguf | org/name")
     if split_default is not None:
         p.add_argument("--split", default=split_default, help="HEAD,TAIL local layer counts (default %(default)s)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default %(default)s)")

@@ -142,7 +142,8 @@ def register(sub) -> None:
     t.add_argument("--hidden", type=int, default=1024, help="MLP width (default %(default)s)")
     t.add_argument("--vocab", type=int, default=8192,
                    help="draft vocabulary: the N tokens the model emits most (FR-Spec); 0 = all (default %(default)s)")
-    t.add_argument("--max-new-tokens", type=int, default=128, help="continuation length per prompt (default %(default)s)")
+    t.add_argument("--max-new-tokens", type=int, default=128,
+                   help="continuation length per prompt (default %(default)s)")
     t.add_argument("--prompt-chars", type=int, default=600, help="max corpus snippet per prompt (default %(default)s)")
     t.add_argument("--prompts-file", default=None,
                    help="JSONL of {\"text\": ...} user messages to continue instead of corpus snippets")

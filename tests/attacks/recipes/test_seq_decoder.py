@@ -67,17 +67,16 @@ def pii_corpus(tmp_path: Path) -> str:
 
 def test_accelerate_launch_two_cpu_processes(tmp_path: Path, pii_corpus: str, tiny) -> None:
     """`accelerate launch --multi_gpu --num_processes 2` on CPU: two gloo processes train one checkpoint."""
-    accelerate = Path(sys.executable).parent / "accelerate"
-    if not accelerate.exists():
-        pytest.skip("accelerate CLI not installed")
     out = tmp_path / "ckpt"
     env = {**os.environ, "SPLITINFER_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1",
            "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0", "-m", "attacks.train",
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
+           "-m", "splitinfer.cli",
            "attack", "train", "--attack", "seq-decoder", "--model", "tiny-random", "--boundary", "head:2",
            "--corpus", pii_corpus, "--max-tokens", "600", "--epochs", "2", "--max-length", "32",
-           "--hparam", "d_model=32", "--hparam", "layers=1", "--hparam", "d_ff=64", "--out", str(out), "--json"]
+           "--attack-option", "d_model=32", "--attack-option", "layers=1", "--attack-option", "d_ff=64",
+           "--out", str(out), "--json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=Path(__file__).parents[3])
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
