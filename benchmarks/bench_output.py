@@ -12,6 +12,7 @@ bound throughput ratios are ``efficiency``; timings that depend on the machine a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +31,23 @@ def document(command: str, config: dict, data: Any) -> dict:
     return doc
 
 
-def speed_document(raw: dict) -> dict:
-    doc = document("speed", _scalars(raw), raw)
-    for r in raw["rows"]:
-        run = f"speed/split={raw['split']}/rtt={r['rtt_ms']:g}"
-        add_metric(doc, run, "tok_s", metric(r["measured_tok_s"], kind="info", unit="tok/s"))
-        add_metric(doc, run, "efficiency", metric(r["efficiency"], kind="efficiency"))
-        add_metric(doc, run, "bytes_per_step", metric(r["bytes_per_step"], higher_is_better=False, kind="exact",
-                                                      unit="B"))
+def _add_rows(doc: dict, rows: list[dict], run: Callable[[dict], str], specs: tuple) -> dict:
+    """One run per row (named by ``run(row)``); ``specs``: (metric name, row key, metric keyword arguments)."""
+    for r in rows:
+        for name, key, kwargs in specs:
+            add_metric(doc, run(r), name, metric(r[key], **kwargs))
     return doc
+
+
+TOK_S = {"kind": "info", "unit": "tok/s"}
+BYTES = {"higher_is_better": False, "kind": "exact", "unit": "B"}
+
+
+def speed_document(raw: dict) -> dict:
+    return _add_rows(document("speed", _scalars(raw), raw), raw["rows"],
+                     lambda r: f"speed/split={raw['split']}/rtt={r['rtt_ms']:g}",
+                     (("tok_s", "measured_tok_s", TOK_S), ("efficiency", "efficiency", {"kind": "efficiency"}),
+                      ("bytes_per_step", "bytes_per_step", BYTES)))
 
 
 def exactness_document(rows: list[dict], config: dict) -> dict:
@@ -57,27 +66,19 @@ def exactness_document(rows: list[dict], config: dict) -> dict:
 
 
 def transport_document(raw: dict) -> dict:
-    doc = document("transport", _scalars(raw), raw)
-    for r in raw["overhead"]:
-        run = f"transport/body={r['model']}"
-        add_metric(doc, run, "transport_ms", metric(r["transport_ms"], n=r["steps"], higher_is_better=False,
-                                                    kind="info", unit="ms"))
-        add_metric(doc, run, "bytes_per_step", metric(r["bytes_per_step"], higher_is_better=False, kind="exact",
-                                                      unit="B"))
-    for r in raw["concurrency"]:
-        run = f"transport/sessions={r['sessions']}"
-        add_metric(doc, run, "aggregate_tok_s", metric(r["aggregate_tok_s"], kind="info", unit="tok/s"))
-        add_metric(doc, run, "identical_outputs", metric(r["identical_outputs"], kind="exact"))
-    return doc
+    doc = _add_rows(document("transport", _scalars(raw), raw), raw["overhead"],
+                    lambda r: f"transport/body={r['model']}",
+                    (("transport_ms", "transport_ms", {"higher_is_better": False, "kind": "info", "unit": "ms"}),
+                     ("bytes_per_step", "bytes_per_step", BYTES)))
+    return _add_rows(doc, raw["concurrency"], lambda r: f"transport/sessions={r['sessions']}",
+                     (("aggregate_tok_s", "aggregate_tok_s", TOK_S),
+                      ("identical_outputs", "identical_outputs", {"kind": "exact"})))
 
 
 def extract_document(raw: dict) -> dict:
-    doc = document("extract", _scalars(raw), raw)
-    for r in raw["rows"]:
-        run = f"extract/boundary={r['boundary']}"
-        add_metric(doc, run, "extract_tok_s", metric(r["extract_tok_s"], kind="info", unit="tok/s"))
-        add_metric(doc, run, "ratio", metric(r["ratio"], kind="efficiency"))
-    return doc
+    return _add_rows(document("extract", _scalars(raw), raw), raw["rows"],
+                     lambda r: f"extract/boundary={r['boundary']}",
+                     (("extract_tok_s", "extract_tok_s", TOK_S), ("ratio", "ratio", {"kind": "efficiency"})))
 
 
 def decoding_document(summary: dict) -> dict:
