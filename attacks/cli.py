@@ -1,4 +1,4 @@
-"""``splitinfer attack ...``: corpora listing and activation extraction (``train | eval | list``: :mod:`attacks.train`)."""
+"""``splitinfer attack ...``: corpora listing and activation extraction (train, eval, list: :mod:`attacks.train`)."""
 
 from __future__ import annotations
 

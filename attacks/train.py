@@ -5,8 +5,9 @@ for the train split (and the val split of built-in corpora), fits the recipe
 and writes the checkpoint (``config.json`` + ``attack.safetensors``) to
 ``--out``; gradient-trained recipes also write per-epoch training checkpoints
 under ``--out/checkpoints`` and resume from them. Under ``accelerate launch
---num_processes N -m splitinfer.cli attack train ...`` the main process extracts first (the others then read the
-cache), training runs as DDP, and only the main process writes.
+--num_processes N -m splitinfer.cli attack train ...`` the main process extracts
+first (the others then read the cache), training runs as DDP, and only the main
+process writes.
 
 ``eval`` loads a checkpoint with the model it records (checking the sha256),
 extracts the corpus at the checkpoint's boundary, inverts and scores; with
