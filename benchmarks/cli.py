@@ -88,6 +88,7 @@ def cmd_report(args) -> int:
 
     results = load(args.results)
     out = Path(args.out) if args.out else Path(args.results).parent
+    out.mkdir(parents=True, exist_ok=True)
     print(f"report written to {write_report(results, out)}")
     return 0
 

@@ -57,3 +57,14 @@ def test_run_suite_records_stage_times_and_budgets(tmp_path, capsys):
     assert "exactness" not in schema.load(tmp_path / "only" / "results.json")["data"]
     with pytest.raises(SplitInferError, match="--stages speed: not in suite 'mini'"):
         run_suite(suite, tmp_path / "x", stages=["speed"])
+
+
+def test_bench_report_into_a_new_directory(tmp_path, capsys):
+    """`bench report --out NEW` creates the directory (it died with FileNotFoundError on the first plot)."""
+    from pathlib import Path
+
+    from splitinfer.cli import main
+
+    results = Path(__file__).resolve().parents[2] / "reports" / "baseline" / "ci.json"
+    assert main(["bench", "report", "--results", str(results), "--out", str(tmp_path / "new" / "dir")]) == 0
+    assert (tmp_path / "new" / "dir" / "report.md").is_file()
