@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import time
 
-from attacks.train import boundary_list
+from attacks.train import add_tap_args
 from splitinfer.cli_flags import (
     ModelFlags,
     add_deprecated,
     add_model_args,
-    add_subset,
     positive_int,
     quiet_datasets,
 )
@@ -83,13 +82,9 @@ def register(sub) -> None:
 
     e = asub.add_parser("extract", help="hidden states at a split boundary for corpora (cached under the cache dir)")
     add_model_args(e, split_default=None)
-    e.add_argument("--corpus", required=True, help="comma-separated corpora: prose,code,chat,pii, file:PATH, hf:...")
-    e.add_argument("--boundary", required=True, type=boundary_list,
-                   help="comma-separated boundaries: head:A (after A layers; what the cloud receives) or tail:B "
-                        "(after L-B layers; what the cloud returns to a B-layer tail)")
-    add_subset(e, "train for built-in corpora, all for file:/hf:")
-    e.add_argument("--max-tokens", type=positive_int, default=200_000,
-                   help="total tokens, split evenly across the corpora (default %(default)s)")
+    add_tap_args(e, "comma-separated boundaries: head:A (after A layers; what the cloud receives) or tail:B "
+                    "(after L-B layers; what the cloud returns to a B-layer tail)",
+                 "total tokens, split evenly across the corpora")
     e.add_argument("--max-length", type=positive_int, default=256, help="tokens per sequence; longer documents are "
                    "cut into sequences (default %(default)s)")
     e.add_argument("--batch-size", type=positive_int, default=4, help="sequences per forward (default %(default)s)")

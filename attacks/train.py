@@ -179,6 +179,14 @@ def boundary_list(text: str) -> tuple:
     return out
 
 
+def add_tap_args(p, boundary_help: str, tokens_help: str) -> None:
+    """``--corpus``, ``--boundary`` (parsed once, into Boundaries), ``--subset`` and ``--max-tokens``."""
+    p.add_argument("--corpus", required=True, help="comma-separated corpora: prose,code,chat,pii, file:PATH, hf:...")
+    p.add_argument("--boundary", required=True, type=boundary_list, help=boundary_help)
+    add_subset(p, "train for built-in corpora, all for file:/hf:")
+    p.add_argument("--max-tokens", type=positive_int, default=200_000, help=f"{tokens_help} (default %(default)s)")
+
+
 def attack_options(items: list[str] | None) -> dict[str, Any]:
     """``--attack-option KEY=VALUE`` items -> the recipe's hyper-parameters (JSON scalars where they parse)."""
     try:
@@ -192,12 +200,7 @@ def add_parsers(asub) -> None:
     t = asub.add_parser("train", help="train an inversion attacker on corpus taps; checkpoint as safetensors + JSON")
     add_model_args(t, split_default=None)
     t.add_argument("--attack", required=True, help="recipe name (see `splitinfer attack list`)")
-    t.add_argument("--boundary", required=True, type=boundary_list,
-                   help="head:A or tail:B (depth-id: several, comma-separated)")
-    t.add_argument("--corpus", required=True, help="comma-separated corpora: prose,code,chat,pii, file:PATH, hf:...")
-    add_subset(t, "train for built-in corpora, all for file:/hf:")
-    t.add_argument("--max-tokens", type=positive_int, default=200_000,
-                   help="training tokens in total (default %(default)s)")
+    add_tap_args(t, "head:A or tail:B (depth-id: several, comma-separated)", "training tokens in total")
     t.add_argument("--val-tokens", type=int, default=20_000, help="validation tokens from the val split of "
                    "built-in corpora, for early stopping / model selection; 0 disables (default %(default)s)")
     t.add_argument("--max-length", type=positive_int, default=256, help="tokens per sequence (default %(default)s)")
