@@ -60,37 +60,42 @@ class StageConfig:
 
 
 @dataclass(frozen=True)
-class ExactnessConfig(StageConfig):
+class GenerationKeys(StageConfig):
+    """Keys of the stages that generate text: which proposers, how many tokens."""
+
+    decodings: list | None = None
+    tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class LinkKeys(GenerationKeys):
+    """... over an emulated link, with proposer options (``{name: {option: value}}``)."""
+
+    rtt_ms: list | None = None
+    bandwidth_mbps: float | None = None
+    decoding_options: dict | None = None
+
+
+@dataclass(frozen=True)
+class ExactnessConfig(GenerationKeys):
     splits: list | None = None
     prompts: int | None = None
-    tokens: int | None = None
-    decodings: list | None = None
 
 
 @dataclass(frozen=True)
-class SpeedConfig(StageConfig):
+class SpeedConfig(LinkKeys):
     head_depths: list | None = None
     tail_layers: int | None = None
-    decodings: list | None = None
-    rtt_ms: list | None = None
-    bandwidth_mbps: float | None = None
     prompts_per_category: int | None = None
     categories: list | None = None
-    tokens: int | None = None
     wire_dtype: str | None = None
-    decoding_options: dict | None = None
 
 
 @dataclass(frozen=True)
-class RttModelConfig(StageConfig):
+class RttModelConfig(LinkKeys):
     split: str | None = None
-    decodings: list | None = None
-    rtt_ms: list | None = None
-    bandwidth_mbps: float | None = None
     prompts: int | None = None
-    tokens: int | None = None
     project_rtt_ms: list | None = None
-    decoding_options: dict | None = None
 
 
 @dataclass(frozen=True)
