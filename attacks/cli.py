@@ -18,7 +18,7 @@ def quiet_datasets() -> None:
 
 
 def cmd_corpora(args) -> int:
-    from attacks.corpora import count_tokens, list_corpora, load_corpus
+    from splitinfer.corpora import count_tokens, list_corpora, load_corpus
     from splitinfer.cli import load_for_cli
 
     quiet_datasets()

@@ -42,7 +42,7 @@ class Taps:
     token_ids: np.ndarray  # (N,) int64
     seq_lengths: np.ndarray  # (S,) int64; sum == N
     seq_doc: np.ndarray  # (S,) int64 index into ``documents``
-    documents: list[dict[str, Any]]  # {doc_id, genre, text, pii_spans}
+    documents: list[dict[str, Any]]  # {doc_id, genre, text, pii_spans, template_spans}
     offsets: np.ndarray | None = None  # (N, 2) int32 char range in the document text
     meta: dict[str, Any] = field(default_factory=dict)  # model, model_sha256, boundary, depth, num_layers, ...
 
@@ -187,7 +187,7 @@ def _from_tapset(ts: Any) -> Taps:
     local: dict[int, int] = {}
     for c in chunks:
         local.setdefault(int(c["doc"]), len(local))
-    documents = [{k: index_docs[d].get(k) for k in ("doc_id", "genre", "text", "pii_spans")} for d in local]
+    documents = [{k: index_docs[d].get(k) for k in ("doc_id", "genre", "text", "pii_spans", "template_spans")} for d in local]
     meta = {k: ts.index.get(k) for k in ("model", "model_sha256", "boundary", "depth", "num_layers", "hidden_size",
                                          "corpus", "split", "kind")}
     return Taps(ts.hidden(), ts.token_ids(), [c["length"] for c in chunks], [local[int(c["doc"])] for c in chunks],
@@ -230,7 +230,8 @@ def _tokenize(dataset: Any, tokenizer: Any, max_length: int, max_tokens: int | N
             covered = int(offs[:, 1].max())
             spans = [dict(s) for s in rows["pii_spans"][k]] if "pii_spans" in rows else []
             docs.append({"doc_id": rows["doc_id"][k], "genre": rows["genre"][k] if "genre" in rows else "",
-                         "text": text[:covered], "pii_spans": [s for s in spans if s["start"] < covered]})
+                         "text": text[:covered], "pii_spans": [s for s in spans if s["start"] < covered],
+                         "template_spans": list(rows["template_spans"][k]) if "template_spans" in rows else []})
             for a in range(0, ids.size, max_length):
                 seqs.append((ids[a: a + max_length], offs[a: a + max_length], len(docs) - 1))
             if budget <= 0:
@@ -249,7 +250,7 @@ def extract_depths(loaded: Any, corpus: str, boundaries: Sequence[str], split: s
     import torch
     from tqdm.auto import tqdm
 
-    from attacks.corpora import load_corpus
+    from splitinfer.corpora import load_corpus
     from attacks.taps import Boundary, TruncatedForward, pad_batch, plan_batches
 
     if dtype not in ("fp16", "fp32"):

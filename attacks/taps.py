@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from attacks.errors import AttackError
-from attacks.pii_templates import SPAN_TYPES
+from splitinfer.corpora.pii_templates import SPAN_TYPES
 from attacks.tapstore import (FORMAT_VERSION, TapSet, pii_label_array, read_index, read_shard_header, shard_name,
                               write_index, write_shard)
 from splitinfer.kv_cache import PartKVCache
@@ -182,6 +182,7 @@ def plan_sequences(dataset: Any, tokenizer: Any, max_length: int, max_tokens: in
             plan.documents.append({"doc_id": rows["doc_id"][k], "group_id": rows["group_id"][k],
                                    "genre": rows["genre"][k], "split": rows["split"][k], "text": text[:covered],
                                    "pii_spans": [s for s in spans if s["end"] <= covered],
+                                   "template_spans": list(rows["template_spans"][k]) if "template_spans" in rows else [],
                                    "n_tokens": int(ids.size), "chunks": list(range(first_chunk, len(plan.chunks)))})
             if budget <= 0:
                 break
@@ -281,7 +282,7 @@ def extract_taps(
     ``on_shard(i)`` is called after shard ``i`` is written. Returns the
     complete :class:`~attacks.tapstore.TapSet`.
     """
-    from attacks.corpora import corpus_manifest, load_corpus
+    from splitinfer.corpora import corpus_manifest, load_corpus
 
     t_start = time.perf_counter()
     b = Boundary.parse(boundary)

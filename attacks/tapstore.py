@@ -319,7 +319,7 @@ class TapSet:
 
     def split(self, test_fraction: float = 0.2, seed: int = 0) -> tuple[TapSet, TapSet]:
         """(train, test) views split by document group (no document in both), seeded."""
-        from attacks.corpora import split_documents
+        from splitinfer.corpora import split_documents
 
         if not 0.0 < test_fraction < 1.0:
             raise AttackError(f"test_fraction={test_fraction!r} must lie strictly between 0 and 1")

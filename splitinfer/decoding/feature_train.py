@@ -70,7 +70,7 @@ INSTRUCTIONS = {
 
 def train_prompt_texts(tokenizer, n: int, seed: int, max_chars: int = 600) -> list[str]:
     """``n`` user messages from snippets of the corpora's train split, round-robin over :data:`CORPORA`."""
-    from attacks.corpora import load_corpus
+    from splitinfer.corpora import load_corpus
 
     rng = random.Random(seed)
     texts = {c: [t for t in load_corpus(c, "train", tokenizer=tokenizer)["text"] if t.strip()] for c in CORPORA}

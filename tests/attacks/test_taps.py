@@ -259,7 +259,7 @@ def test_cli_extract_and_errors(tiny, corpus: str, capsys: pytest.CaptureFixture
 
 
 def test_cli_corpora_lists_patterns_without_loading_them(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    from attacks import corpora
+    from splitinfer import corpora
     from splitinfer.cli import main
 
     monkeypatch.setattr(corpora, "list_corpora", lambda: [
