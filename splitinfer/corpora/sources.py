@@ -22,7 +22,7 @@ from splitinfer.corpora.registry import CorpusError, CorpusPlan, dist_version, l
 _CODE_EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "pydoc_data"}
 
 
-def _chunk_text(text: str, max_chars: int) -> list[str]:
+def chunk_text(text: str, max_chars: int) -> list[str]:
     """Split ``text`` into chunks of at most ``max_chars``, at paragraph, then word, boundaries."""
     pieces: list[str] = []
     for para in (p.strip() for p in re.split(r"\n\s*\n", text)):
@@ -54,7 +54,7 @@ def _prose(arg: str | None, seed: int, tokenizer: Any, chunk_chars: int | None =
     docs: dict[str, dict[str, Any]] = {}
     for path in speeches:
         text, speech = path.read_text(encoding="utf-8").strip(), f"sotu/{path.stem}"
-        chunks = _chunk_text(text, chunk_chars) if chunk_chars else [text]
+        chunks = chunk_text(text, chunk_chars) if chunk_chars else [text]
         for k, chunk in enumerate(chunks):
             doc_id = f"{speech}#{k:03d}" if chunk_chars else speech
             docs[doc_id] = make_doc(doc_id, "prose", chunk, f"sotu {version}: speeches/{path.name}", group_id=speech)
