@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from attacks.predictions import write_all
 from benchmarks.schema import new_results, save
 from benchmarks.suite import Suite
 from splitinfer.models import load_model
@@ -76,6 +77,8 @@ def run_suite(suite: Suite, out_dir: str | Path, stages: list[str] | None = None
         log.info("stage %s", name)
         seed_everything(suite.seed)
         data[name] = _stage_fn(name)(loaded, suite.stages[name], results)
+        if isinstance(data[name], dict):  # per-token predictions go beside results.json, not into it
+            write_all(data[name].pop("predictions", {}), out)
         data.setdefault("stage_seconds", {})[name] = time.perf_counter() - t
     data["total_seconds"] = time.perf_counter() - t0
     results["data"] = data

@@ -154,3 +154,16 @@ def coverage(prior: TokenPrior, test_token_ids: Sequence[ArrayLike]) -> tuple[np
         seen[i] = int(np.isin(d, prior.vocab).sum())
         total[i] = len(d)
     return seen, total
+
+
+def prior_to_json(prior: TokenPrior) -> dict:
+    """A JSON-able form of ``prior`` (for checkpoints and prediction files)."""
+    return {"unigram": prior.unigram.tolist(), "by_position": prior.by_position.tolist(), "vocab": prior.vocab.tolist()}
+
+
+def prior_from_json(obj: dict) -> TokenPrior:
+    """The inverse of :func:`prior_to_json`."""
+    k = len(obj["unigram"])
+    return TokenPrior(np.asarray(obj["unigram"], dtype=np.int64),
+                      np.asarray(obj["by_position"], dtype=np.int64).reshape(-1, k),
+                      np.asarray(obj["vocab"], dtype=np.int64))
