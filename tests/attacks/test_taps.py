@@ -11,6 +11,7 @@ import torch
 
 from attacks import taps as taps_mod
 from attacks.errors import AttackError
+from splitinfer.corpora import CorpusError
 from attacks.taps import Boundary, TruncatedForward, extract_corpora, extract_taps, plan_batches
 from attacks.tapstore import TapSet
 from attacks.wiretap import WireTap
@@ -212,13 +213,13 @@ def test_memory_mapped_views_and_document_split(tiny, corpus: str) -> None:
 
 
 def test_clear_errors(tiny, tmp_path: Path, corpus: str) -> None:
-    with pytest.raises(AttackError, match="unknown corpus 'nope'"):
+    with pytest.raises(CorpusError, match="unknown corpus 'nope'"):
         extract_taps(tiny, "nope", "head:2", progress=False)
-    with pytest.raises(AttackError, match="does not exist"):
+    with pytest.raises(CorpusError, match="does not exist"):
         extract_taps(tiny, f"file:{tmp_path / 'missing.txt'}", "head:2", progress=False)
     bad = tmp_path / "latin1.txt"
     bad.write_bytes("caf\xe9".encode("latin-1"))
-    with pytest.raises(AttackError, match="not UTF-8"):
+    with pytest.raises(CorpusError, match="not UTF-8"):
         extract_taps(tiny, f"file:{bad}", "head:2", progress=False)
     with pytest.raises(AttackError, match="outside the model: it has 6 layers"):
         extract_taps(tiny, corpus, "head:5", progress=False)
