@@ -45,9 +45,11 @@ def _extract(loaded: LoadedModel, cfg: dict, boundaries: list[str]) -> tuple[dic
     spans: dict[str, dict[str, tuple[int, int]]] = {b: {} for b in boundaries}  # corpus -> rows in test
     for corpus in tqdm(corpora, desc="attack taps", unit="corpus"):
         for split, n, dest in (("train", per_train, train), ("test", per_test, test)):
-            cap = max(1, n // 10) if split == "test" else None  # >= 10 test documents per corpus (issue 14 item 6)
-            taps = extract_depths(loaded, corpus, boundaries, split, max_tokens=n, max_doc_tokens=cap,
+            taps = extract_depths(loaded, corpus, boundaries, split, max_tokens=n,
                                   max_length=cfg.get("max_length", 128), progress=False)
+            if split == "test" and len(set(taps[boundaries[0]].seq_doc.tolist())) < 10:  # >= 10 test documents
+                taps = extract_depths(loaded, corpus, boundaries, split, max_tokens=n, max_doc_tokens=max(1, n // 10),
+                                      max_length=cfg.get("max_length", 128), progress=False)
             for b, t in taps.items():
                 if split == "test":
                     start = sum(x.n_tokens for x in dest[b])
