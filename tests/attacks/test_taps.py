@@ -230,7 +230,7 @@ def test_clear_errors(tiny, tmp_path: Path, corpus: str) -> None:
         extract_taps(tiny, empty, "head:2", progress=False)
     blank = tmp_path / "blank.txt"
     blank.write_text("  \n", encoding="utf-8")
-    with pytest.raises(AttackError, match="contains no documents"):
+    with pytest.raises(CorpusError, match="contains no documents"):
         extract_taps(tiny, f"file:{blank}", "head:2", progress=False)
     for kwargs, pattern in (({"max_length": 0}, "max_length"), ({"max_length": 5000}, "context of 1024"),
                             ({"max_tokens": 0}, "max_tokens"), ({"dtype": "int8"}, "unknown tap dtype")):
