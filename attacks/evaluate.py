@@ -79,7 +79,7 @@ def collect(inv: Inversion, taps: Taps, *, vocab_size: int | None = None, train_
 
 
 def score(inv: Inversion, taps: Taps, **kwargs: Any) -> dict[str, dict[str, Any]]:
-    """``{metric: {value, ci_low, ci_high, n, higher_is_better, kind}}`` for ``inv`` on ``taps`` (see :func:`collect`)."""
+    """``{metric: {value, ci_low, ci_high, n, higher_is_better, kind}}`` for ``inv`` on ``taps`` (:func:`collect`)."""
     return collect(inv, taps, **kwargs).summarize()
 
 

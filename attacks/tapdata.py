@@ -187,7 +187,8 @@ def _from_tapset(ts: Any) -> Taps:
     local: dict[int, int] = {}
     for c in chunks:
         local.setdefault(int(c["doc"]), len(local))
-    documents = [{k: index_docs[d].get(k) for k in ("doc_id", "genre", "text", "pii_spans", "template_spans")} for d in local]
+    documents = [{k: index_docs[d].get(k) for k in ("doc_id", "genre", "text", "pii_spans", "template_spans")}
+                 for d in local]
     meta = {k: ts.index.get(k) for k in ("model", "model_sha256", "boundary", "depth", "num_layers", "hidden_size",
                                          "corpus", "split", "kind")}
     return Taps(ts.hidden(), ts.token_ids(), [c["length"] for c in chunks], [local[int(c["doc"])] for c in chunks],

@@ -182,7 +182,7 @@ def plan_sequences(dataset: Any, tokenizer: Any, max_length: int, max_tokens: in
             plan.documents.append({"doc_id": rows["doc_id"][k], "group_id": rows["group_id"][k],
                                    "genre": rows["genre"][k], "split": rows["split"][k], "text": text[:covered],
                                    "pii_spans": [s for s in spans if s["end"] <= covered],
-                                   "template_spans": list(rows["template_spans"][k]) if "template_spans" in rows else [],
+                                   "template_spans": list(rows.get("template_spans", [[]] * (k + 1))[k]),
                                    "n_tokens": int(ids.size), "chunks": list(range(first_chunk, len(plan.chunks)))})
             if budget <= 0:
                 break

@@ -148,8 +148,9 @@ def cmd_eval(args) -> int:
         pred = collect(inv, taps, vocab_size=int(loaded.config.vocab_size), prior=prior, meta=extra,
                        train_token_ids=prior_tokens(meta["unigram_top"]) if meta.get("unigram_top") else None)
         summary = pred.summarize()
-        out = Path(args.predictions) if args.predictions else Path(args.attacker) / (
-            f"predictions-{'_'.join(c.replace('/', '_').replace(':', '-') for c in corpora)}-{split or 'default'}.jsonl.gz")
+        names = "_".join(c.replace("/", "_").replace(":", "-") for c in corpora)
+        out = Path(args.predictions) if args.predictions else \
+            Path(args.attacker) / f"predictions-{names}-{split or 'default'}.jsonl.gz"
         report = flat_report(summary, **extra, info=inv.info, predictions=str(write_predictions(out, pred)))
         print(f"{attack.name} at {b} on {','.join(corpora)} ({report['n_tokens']} tokens, "
               f"{report['n_documents']} documents)")

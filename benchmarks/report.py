@@ -115,7 +115,8 @@ def _attack_section(att: dict) -> list[str]:
         label = r["attack"] + (f" (its own random token split: {_pct(seed)})" if seed is not None else "")
         cells = [r["side"], str(r["depth"]), label, r["threat_model"], r["corpus"]] + metrics_cells(r["metrics"])
         lines.append("| " + " | ".join(cells) + f" | {r.get('seconds_per_token', float('nan')):.2g} |")
-    pooled = next((r["metrics"] for r in rows if r["corpus"] == "all" and "baseline_unigram_top1" in r["metrics"]), None)
+    pooled = next((r["metrics"] for r in rows if r["corpus"] == "all" and "baseline_unigram_top1" in r["metrics"]),
+                  None)
     if pooled:
         lines += ["", baseline_line(pooled)]
     pii = [r for r in rows if r["corpus"] == "all" and any(k.startswith("pii_recovery_") for k in r["metrics"])]

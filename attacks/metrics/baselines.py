@@ -109,7 +109,7 @@ class TokenPrior:
 
     @classmethod
     def fit(cls, token_ids: ArrayLike, positions: ArrayLike | None = None, k: int = 5) -> TokenPrior:
-        """From flat training token ids (N,) and their positions (N,) within their sequences (None: no position prior)."""
+        """From flat training token ids (N,) and their positions (N,) in their sequences (None: no position prior)."""
         k = check_k(k)
         ids = _flatten(token_ids, "train_token_ids")
         if len(ids) == 0:

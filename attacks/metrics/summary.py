@@ -137,7 +137,8 @@ def summarize(
     per_doc: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # metric -> the attack's per-doc counts, for lift
     for k in ks:
         per_doc[f"token_acc_top{k}"] = sc.tokens(guesses, k)
-        out[f"token_acc_top{k}"] = _entry(*per_doc[f"token_acc_top{k}"], n=n_user, kind="accuracy", binary=True, boot=boot)
+        out[f"token_acc_top{k}"] = _entry(*per_doc[f"token_acc_top{k}"], n=n_user, kind="accuracy", binary=True,
+                                          boot=boot)
     docs = sc.docs
     f1 = token_f1([trues[i][user[i]] for i in docs], [guesses[i][user[i], 0] for i in docs])
     out["token_f1"] = _entry(f1, np.ones(len(docs)), n=len(docs), kind="accuracy", binary=False, boot=boot)

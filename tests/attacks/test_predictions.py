@@ -1,4 +1,4 @@
-"""Per-token predictions beside every scored result, and `attack rescore` recomputing every metric (issue 14 item 11)."""
+"""Per-token predictions beside every scored result; `attack rescore` recomputes every metric (issue 14 item 11)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Report cells for attack metrics: scope, n/a intervals, lift, n beside PII, paired comparisons (issue 14 items 2, 3, 6)."""
+"""Report cells for attack metrics: scope, n/a intervals, lift, n beside PII, paired comparisons (issue 14)."""
 
 from __future__ import annotations
 

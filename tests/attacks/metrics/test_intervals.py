@@ -1,4 +1,4 @@
-"""Intervals that mean something (issue 14 item 6): n/a below 2 documents, exact bounds at 0% / 100%, paired differences."""
+"""Intervals that mean something (issue 14 item 6): n/a below 2 documents, exact bounds at 0%/100%, paired diffs."""
 
 from __future__ import annotations
 
