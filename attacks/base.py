@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from attacks.errors import AttackError
+from attacks.metrics.baselines import TokenPrior, prior_to_json
 from attacks.tapdata import Taps, as_taps
 
 log = logging.getLogger(__name__)
@@ -170,6 +171,7 @@ class InversionAttack(ABC):
         self.meta.setdefault("vocab_size", int(train.meta.get("vocab_size") or int(train.token_ids.max()) + 1))
         uniq, counts = np.unique(train.token_ids, return_counts=True)
         self.meta["unigram_top"] = uniq[np.lexsort((uniq, -counts))[:5]].tolist()
+        self.meta["token_prior"] = prior_to_json(TokenPrior.fit(train.token_ids, train.positions()))  # for attack eval
         self.meta["train_tokens"] = train.n_tokens
         torch.manual_seed(self.seed)
         np.random.seed(self.seed % 2**32)

@@ -16,7 +16,7 @@ from splitinfer.cli_flags import (
 
 
 def cmd_corpora(args) -> int:
-    from attacks.corpora import count_tokens, list_corpora, load_corpus
+    from splitinfer.corpora import count_tokens, list_corpora, load_corpus
 
     quiet_datasets()
     model = ModelFlags.from_args(args)

@@ -37,7 +37,7 @@ class Taps:
     token_ids: np.ndarray  # (N,) int64
     seq_lengths: np.ndarray  # (S,) int64; sum == N
     seq_doc: np.ndarray  # (S,) int64 index into ``documents``
-    documents: list[dict[str, Any]]  # {doc_id, genre, text, pii_spans}
+    documents: list[dict[str, Any]]  # {doc_id, genre, text, pii_spans, template_spans}
     offsets: np.ndarray | None = None  # (N, 2) int32 char range in the document text
     meta: dict[str, Any] = field(default_factory=dict)  # model, model_sha256, boundary, depth, num_layers, ...
 
@@ -182,7 +182,8 @@ def _from_tapset(ts: Any) -> Taps:
     local: dict[int, int] = {}
     for c in chunks:
         local.setdefault(int(c["doc"]), len(local))
-    documents = [{k: index_docs[d].get(k) for k in ("doc_id", "genre", "text", "pii_spans")} for d in local]
+    documents = [{k: index_docs[d].get(k) for k in ("doc_id", "genre", "text", "pii_spans", "template_spans")}
+                 for d in local]
     meta = {k: ts.index.get(k) for k in ("model", "model_sha256", "boundary", "depth", "num_layers", "hidden_size",
                                          "corpus", "split", "kind")}
     return Taps(ts.hidden(), ts.token_ids(), [c["length"] for c in chunks], [local[int(c["doc"])] for c in chunks],

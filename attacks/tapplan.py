@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from attacks.errors import AttackError
-from attacks.pii_templates import SPAN_TYPES
+from splitinfer.corpora.pii_templates import SPAN_TYPES
 from attacks.tapstore import pii_label_array, shard_name
 
 log = logging.getLogger(__name__)
@@ -90,6 +90,7 @@ def plan_sequences(dataset: Any, tokenizer: Any, max_length: int, max_tokens: in
                                    "genre": rows["genre"][k], "split": rows["split"][k], "text": text[:covered],
                                    "pii_spans": [s for s in spans if (s["start"] < covered if partial_spans
                                                                       else s["end"] <= covered)],
+                                   "template_spans": list(rows.get("template_spans", [[]] * (k + 1))[k]),
                                    "n_tokens": int(ids.size), "chunks": list(range(first_chunk, len(plan.chunks)))})
             if budget <= 0:
                 break

@@ -181,7 +181,7 @@ def extract_taps(
     ``on_shard(i)`` is called after shard ``i`` is written. Returns the
     complete :class:`~attacks.tapstore.TapSet`.
     """
-    from attacks.corpora import corpus_manifest, load_corpus
+    from splitinfer.corpora import corpus_manifest, load_corpus
 
     t_start = time.perf_counter()
     b = Boundary.parse(boundary)
@@ -324,7 +324,7 @@ def extract_depths(loaded: Any, corpus: str, boundaries: Sequence[str | Boundary
     """
     from tqdm.auto import tqdm
 
-    from attacks.corpora import load_corpus
+    from splitinfer.corpora import load_corpus
 
     bounds = [Boundary.parse(b) for b in boundaries]
     if not bounds:
@@ -343,7 +343,7 @@ def extract_depths(loaded: Any, corpus: str, boundaries: Sequence[str | Boundary
                                leave=False) as bar:
         states, _ = forward_rows(loaded, TruncatedForward(loaded.model, want[-1]), plan, rows, want, batch_size,
                                  False, dtype, bar)
-    docs = [{k: doc[k] for k in ("doc_id", "genre", "text", "pii_spans")} for doc in plan.documents]
+    docs = [{k: doc[k] for k in ("doc_id", "genre", "text", "pii_spans", "template_spans")} for doc in plan.documents]
     token_ids, offsets = np.concatenate(plan.ids), np.concatenate(plan.offsets)
     lengths, seq_doc = [c["length"] for c in plan.chunks], [c["doc"] for c in plan.chunks]
     log.info("extracted %d tokens of %s at %s", n, corpus, ", ".join(depths))

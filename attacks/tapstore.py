@@ -13,7 +13,7 @@ Per-token arrays in every shard (``N`` tokens of the shard):
 - ``positions``  (N,)   int32: the token's position id in its sequence
 - ``offsets``    (N, 2) int32: the token's character range in its document's ``text`` (-1, -1 if unknown)
 - ``pii_labels`` (N,)   int16: 0 outside PII, else 1 + index into ``index["pii_types"]`` (the
-  synthetic corpus's span types in :data:`attacks.pii_templates.SPAN_TYPES` order, then any others)
+  synthetic corpus's span types in :data:`splitinfer.corpora.pii_templates.SPAN_TYPES` order, then any others)
 
 plus, for wire taps (:mod:`attacks.wiretap`), ``parents`` (N,) int32 (the
 frame's parent array, -2 where the frame had none) and ``kept`` (N,) int8
@@ -319,7 +319,7 @@ class TapSet:
 
     def split(self, test_fraction: float = 0.2, seed: int = 0) -> tuple[TapSet, TapSet]:
         """(train, test) views split by document group (no document in both), seeded."""
-        from attacks.corpora import split_documents
+        from splitinfer.corpora import split_documents
 
         if not 0.0 < test_fraction < 1.0:
             raise AttackError(f"test_fraction={test_fraction!r} must lie strictly between 0 and 1")

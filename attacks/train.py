@@ -98,7 +98,9 @@ def cmd_train(args) -> int:
 
 def cmd_eval(args) -> int:
     from attacks.base import read_config
-    from attacks.evaluate import flat_report, prior_tokens, score
+    from attacks.evaluate import collect, flat_report, prior_tokens
+    from attacks.metrics.baselines import prior_from_json
+    from attacks.predictions import write_predictions
     from attacks.registry import load_attack
     from attacks.tapdata import as_taps
     from attacks.taps import Boundary, extract_corpora, parse_corpora
@@ -136,16 +138,37 @@ def cmd_eval(args) -> int:
               f"sequence acc {report['depth_sequence_acc']:.3f}")
     else:
         inv = attack.invert(taps)
-        summary = score(inv, taps, vocab_size=int(loaded.config.vocab_size),
-                        train_token_ids=prior_tokens(meta["unigram_top"]) if meta.get("unigram_top") else None)
-        report = flat_report(summary, **extra, info=inv.info)
+        prior = prior_from_json(meta["token_prior"]) if meta.get("token_prior") else None
+        pred = collect(inv, taps, vocab_size=int(loaded.config.vocab_size), prior=prior, meta=extra,
+                       train_token_ids=prior_tokens(meta["unigram_top"]) if meta.get("unigram_top") else None)
+        summary = pred.summarize()
+        names = "_".join(c.replace("/", "_").replace(":", "-") for c in corpora)
+        out = Path(args.predictions) if args.predictions else \
+            Path(args.attacker) / f"predictions-{names}-{split or 'default'}.jsonl.gz"
+        report = flat_report(summary, **extra, info=inv.info, predictions=str(write_predictions(out, pred)))
         print(f"{attack.name} at {b} on {','.join(corpora)} ({report['n_tokens']} tokens, "
               f"{report['n_documents']} documents)")
         for key, v in summary.items():
-            ci = "" if v["ci_low"] is None else f"  [{v['ci_low']:.3f}, {v['ci_high']:.3f}]"
+            ci = "  [n/a]" if v["ci_low"] is None else f"  [{v['ci_low']:.3f}, {v['ci_high']:.3f}]"
             print(f"  {key:<28} {v['value']:.4f}{ci}  n={v['n']}")
     if args.json:
         print(json.dumps(report, default=str))
+    return 0
+
+
+def cmd_rescore(args) -> int:
+    from attacks.evaluate import flat_report
+    from attacks.predictions import rescore
+
+    summary, pred = rescore(args.path)
+    scope = "" if pred.complete else f" (size cap: {len(pred.doc_ids)} of {pred.n_documents_total} documents)"
+    print(f"{args.path}: {sum(len(t) for t in pred.true)} tokens, {len(pred.doc_ids)} documents{scope}; "
+          "user text unless prefixed template_")
+    for key, v in summary.items():
+        ci = "  [n/a]" if v["ci_low"] is None else f"  [{v['ci_low']:.3f}, {v['ci_high']:.3f}]"
+        print(f"  {key:<36} {v['value']:.4f}{ci}  n={v['n']}")
+    if args.json:
+        print(json.dumps(flat_report(summary, **pred.meta, complete=pred.complete), default=str))
     return 0
 
 
@@ -228,8 +251,15 @@ def add_parsers(asub) -> None:
     e.add_argument("--max-tokens", type=positive_int, default=50_000,
                    help="tokens scored in total (default %(default)s)")
     e.add_argument("--max-length", type=positive_int, default=None, help="default: the checkpoint's training value")
+    e.add_argument("--predictions", default=None, metavar="PATH", help="per-token predictions (gzipped JSON lines) "
+                   "for `attack rescore`; default: ATTACKER/predictions-<corpus>-<split>.jsonl.gz")
     e.add_argument("--json", action="store_true", help="no progress bars; print one JSON object as the last line")
     e.set_defaults(func=cmd_eval)
+
+    r = asub.add_parser("rescore", help="recompute every metric from a per-token predictions file, without rerunning")
+    r.add_argument("path", help="a *.jsonl.gz written by `attack eval`, the attack stage or the depth study")
+    r.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    r.set_defaults(func=cmd_rescore)
 
     ls = asub.add_parser("list", help="list attack recipes and their threat models")
     ls.add_argument("--json", action="store_true")

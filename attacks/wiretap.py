@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from attacks.errors import AttackError
-from attacks.pii_templates import SPAN_TYPES
+from splitinfer.corpora.pii_templates import SPAN_TYPES
 from attacks.taps import STORE_DTYPES, Boundary, taps_root
 from attacks.tapstore import FORMAT_VERSION, TapSet, pii_label_array, shard_name, write_index, write_shard
 from splitinfer.errors import ProtocolError

@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from attacks.evaluate import score
+from attacks.evaluate import collect, doc_top1_counts, prior_from_taps
+from attacks.predictions import write_all
 from attacks.recipes.vocab_match import scoring_subset
 from attacks.registry import get_attack_class, make_attack
 from attacks.tapdata import Taps
@@ -78,7 +79,8 @@ def _pool(loaded: Any, cfg: StudyConfig, boundaries: list[str], split: str, per_
     rows: dict[str, tuple[int, int]] = {}
     for corpus in cfg.corpora:
         taps = extract_depths(loaded, corpus, boundaries, split, max_tokens=per_corpus, max_length=cfg.max_length,
-                              max_doc_tokens=cfg.max_doc_tokens, seed=cfg.seed, progress=False)
+                              max_doc_tokens=min(cfg.max_doc_tokens, max(1, per_corpus // 10)) if split == "test"
+                              else cfg.max_doc_tokens, seed=cfg.seed, progress=False)  # >= 10 test docs per corpus
         start = sum(t.n_tokens for t in parts[boundaries[0]])
         rows[corpus] = (start, start + taps[boundaries[0]].n_tokens)
         for b, t in taps.items():
@@ -154,6 +156,7 @@ def run_study(cfg: StudyConfig, progress: bool = True, partial: str | Path | Non
              train[heads[0]].n_tokens, val[heads[0]].n_tokens, test[heads[0]].n_tokens)
     vocab = int(loaded.config.vocab_size)
     rows: list[dict[str, Any]] = []
+    preds: dict[str, Any] = {}  # run -> per-token predictions (not kept for jobs resumed from the partial file)
     fitted: dict[tuple[str, str], Any] = {}  # (boundary, attack) -> fitted helper (JOB_HELPERS)
     jobs = [(b, a) for b in boundaries for a in cfg.attacks if a != "depth-id"]
     for b, name in tqdm(jobs, desc="attacks", unit="fit", disable=not progress):
@@ -181,7 +184,7 @@ def run_study(cfg: StudyConfig, progress: bool = True, partial: str | Path | Non
         fit_s = time.perf_counter() - t
         if any(name in helpers for helpers in JOB_HELPERS.values()):
             fitted[(b, name)] = atk
-        prior = train[b].token_ids
+        prior = prior_from_taps(train[b])
         targets = ("both", "next", "current") if name == "output-probe" else (None,)
         data = (scoring_subset(test[b], test_rows, cfg.vocab_match_tokens, cfg.vocab_match_pii_tokens)
                 if name == "vocab-match" else test[b])
@@ -189,16 +192,19 @@ def run_study(cfg: StudyConfig, progress: bool = True, partial: str | Path | Non
             t = time.perf_counter()
             inv = atk.invert(data, target=target) if target else atk.invert(data)
             inv_s = time.perf_counter() - t
-            m = score(inv, data, vocab_size=vocab, train_token_ids=prior, n_boot=cfg.n_boot, seed=cfg.seed)
+            label = f"{name}:{target}" if target else name
+            pred = collect(inv, data, vocab_size=vocab, prior=prior, n_boot=cfg.n_boot, seed=cfg.seed,
+                           meta={"attack": label, "boundary": b})
+            m, preds[f"attacks/{label}/{b}"] = pred.summarize(), pred
             per_corpus = {}
             if name != "vocab-match":
                 for corpus, (lo, hi) in test_rows.items():
                     sub = np.arange(lo, hi)
                     per_corpus[corpus] = float((inv.tokens[sub] == data.token_ids[sub]).mean())
             info = {k: v for k, v in {**atk.fit_report, **inv.info}.items() if isinstance(v, (int, float, str))}
-            label = f"{name}:{target}" if target else name
             rows.append(_entry(label, cls, b, depth_of[b], m, fit_s, inv_s, data.n_tokens,
-                               {"per_corpus_top1": per_corpus, "info": info, "train_tokens": train[b].n_tokens}))
+                               {"per_corpus_top1": per_corpus, "info": info, "train_tokens": train[b].n_tokens,
+                                "doc_top1": doc_top1_counts(pred)}))
             log.info("%s at %s: top-1 %.3f (%.1f s fit, %.1f s invert)", label, b, m["token_acc_top1"]["value"],
                      fit_s, inv_s)
         if partial is not None:
@@ -224,7 +230,7 @@ def run_study(cfg: StudyConfig, progress: bool = True, partial: str | Path | Non
                        "test_tokens_total": test[heads[0]].n_tokens,
                        "test_documents": len(set(test[heads[0]].seq_doc.tolist())),
                        "threads": torch.get_num_threads()},
-            "rows": rows, "depth_id": depth_rows,
+            "rows": rows, "depth_id": depth_rows, "predictions": preds,
             "timing": {"extract_seconds": round(extract_s, 1),
                        "total_seconds": round(time.perf_counter() - t_start, 1), "resumed_jobs": len(done)}}
 
@@ -239,8 +245,7 @@ def to_results(study: dict[str, Any]) -> dict[str, Any]:
     for r in study["rows"]:
         run = f"attacks/{r['attack']}/{r['boundary']}"
         for name, m in r["metrics"].items():
-            kind = "info" if name.startswith("baseline_") else "accuracy"
-            add_metric(results, run, name, metric(m["value"], m["ci_low"], m["ci_high"], m["n"], True, kind=kind))
+            add_metric(results, run, name, metric(m["value"], m["ci_low"], m["ci_high"], m["n"], True, kind=m["kind"]))
         add_metric(results, run, "seconds_per_token", metric(r["seconds_per_token"], n=r["test_tokens"],
                                                               higher_is_better=False, kind="info", unit="s"))
         if "seed_split_top1" in r["info"]:
@@ -263,6 +268,7 @@ def write_outputs(study: dict[str, Any], out: str | Path) -> tuple[Path, Path]:
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    write_all(study.pop("predictions", {}), out)
     path_json = save(to_results(study), out / "attacks_depth.json")
     (out / PARTIAL_NAME).unlink(missing_ok=True)
     path_md = out / "attacks_depth.md"

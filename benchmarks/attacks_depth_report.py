@@ -4,17 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from benchmarks.attack_tables import SCOPE, baseline_line, cell, compare, pii_cell
+
 SEED_BEST_DEEP = 0.348  # the seed's MLP after layer 7 of Mistral-7B
 LEARNED = ("linear-probe", "linear-embed", "mlp", "seq-decoder")
 
 
-def _cell(m: dict[str, Any] | None, pct: bool = True) -> str:
-    if m is None:
-        return "-"
-    f = (lambda x: f"{100 * x:.1f}") if pct else (lambda x: f"{x:.3f}")
-    if m.get("ci_low") is None:
-        return f(m["value"])
-    return f"{f(m['value'])} [{f(m['ci_low'])}, {f(m['ci_high'])}]"
+def _cell(m: dict[str, Any] | None, signed: bool = False) -> str:
+    return cell(m, signed)
 
 
 def _table(header: list[str], lines: list[list[str]]) -> str:
@@ -28,7 +25,8 @@ def _grid(rows: list[dict], boundaries: list[str], metric: str, attacks: list[st
     lines = []
     for a in attacks:
         tm = next((r["threat_model"] for r in rows if r["attack"] == a), "")
-        cells = [_cell(by[(a, b)]["metrics"].get(metric)) if (a, b) in by else "-" for b in boundaries]
+        cells = [_cell(by[(a, b)]["metrics"].get(metric), metric.startswith("lift_")) if (a, b) in by else "-"
+                 for b in boundaries]
         lines.append([f"{a} ({tm})"] + cells)
     return _table(["attack (threat model)"] + [_label(b, rows) for b in boundaries], lines)
 
@@ -55,15 +53,16 @@ def _targets(rows: list[dict], heads: list[str]) -> list[str]:
         parts, beats = [], True
         for other in ("linear-probe", "linear-embed", "mlp"):
             if (other, b8) in by:
-                m = by[(other, b8)]["metrics"]["token_acc_top1"]
-                parts.append(f"{other} {_cell(m)}")
-                beats &= sd["ci_low"] > m["ci_high"]
-        verdict = "above all, CIs disjoint" if beats else "NOT above all with disjoint CIs"
-        out.append(f"- head depth 8: seq-decoder {_cell(sd)} vs {', '.join(parts)}: **{verdict}**.")
+                diff = compare(by[("seq-decoder", b8)], by[(other, b8)])
+                parts.append(f"minus {other}: {diff}")
+                beats &= diff.endswith(", significant") and diff.startswith("+")
+        verdict = "above all (paired bootstrap)" if beats else "NOT significantly above all (paired bootstrap)"
+        out.append(f"- head depth 8: seq-decoder {_cell(sd)}; difference in top-1 points [95% CI] "
+                   f"{'; '.join(parts)}: **{verdict}**.")
     learned = [r for r in rows if r["attack"] in LEARNED and r["boundary"].startswith("head")]
     if learned:
-        low = min(learned, key=lambda r: r["metrics"]["token_acc_top1"]["ci_low"])
-        ok = low["metrics"]["token_acc_top1"]["ci_low"] > SEED_BEST_DEEP
+        low = min(learned, key=lambda r: r["metrics"]["token_acc_top1"]["ci_low"] or 0.0)
+        ok = (low["metrics"]["token_acc_top1"]["ci_low"] or 0.0) > SEED_BEST_DEEP
         out.append(f"- every properly trained learned attacker above the seed's 34.8% (lower CI bound): "
                    f"**{'met' if ok else 'NOT met'}** (weakest: {low['attack']} at {low['boundary']}, "
                    f"{_cell(low['metrics']['token_acc_top1'])}).")
@@ -94,17 +93,24 @@ def markdown(study: dict[str, Any]) -> str:
          + (f" (it resumed {study['timing']['resumed_jobs']} jobs from its partial file, "
             "whose fit and invert times are in the last table)" if study["timing"].get("resumed_jobs") else "")
          + ". Teacher-forced fp16 states of held-out documents "
-         "(document-level splits); values are % of tokens with 95% bootstrap CIs over documents.", "",
+         "(document-level splits, corpora de-duplicated by normalised text); values are % of tokens.", "",
+         SCOPE, "",
          "Threat models: white-box = holds the local layers' published weights; shadow = trains on its own "
          "(activation, token) pairs made with the public model on an auxiliary corpus.", "", "## Targets", ""]
     s += _targets(rows, heads) + [""]
     base = next((r["metrics"] for r in rows if r["boundary"] == heads[0] and r["attack"] != "vocab-match"), {})
     if base:
-        s += [f"Baselines on the pooled test set: uniform {_cell(base.get('baseline_uniform_top1'))}, "
-              f"unigram prior {_cell(base.get('baseline_unigram_top1'))} (top-1).", ""]
-    for metric, title in (("token_acc_top1", "Token accuracy @1"), ("token_acc_top5", "Token accuracy @5"),
-                          ("token_f1", "Token F1 (mean over documents)"), ("exact_match", "Exact match (documents)")):
-        s += [f"## {title}, head boundary (prompt)", "", _grid(rows, heads, metric, head_attacks), ""]
+        s += [f"Pooled test set: {baseline_line(base)}", ""]
+    for metric, title in (("token_acc_top1", "Token accuracy @1, user text"),
+                          ("lift_token_acc_top1", "Lift over the strongest baseline (top-1 points, paired bootstrap)"),
+                          ("template_token_acc_top1", "Token accuracy @1, chat-template tokens only"),
+                          ("coverage", "Coverage: test tokens (user text) seen in training"),
+                          ("token_acc_top5", "Token accuracy @5, user text"),
+                          ("token_f1", "Token F1 (mean over documents), user text"),
+                          ("exact_match", "Exact match (documents), user text"),
+                          ("lift_exact_match", "Exact match lift over the strongest baseline")):
+        if any(metric in r["metrics"] for r in rows):
+            s += [f"## {title}, head boundary (prompt)", "", _grid(rows, heads, metric, head_attacks), ""]
     if tails:
         s += ["## Output side (states the body returns): token accuracy @1", "",
               "output-probe:next guesses token t from the state at t-1 (the natural target: the next token), "
@@ -132,12 +138,14 @@ def markdown(study: dict[str, Any]) -> str:
                                                          "candidates/token", "gradient search %", "tokens"], lines), ""]
     pii = sorted({k[len("pii_recovery_"):] for r in rows for k in r["metrics"] if k.startswith("pii_recovery_")})
     if pii:
-        s += ["## PII spans recovered character-exactly (% of spans [95% CI], pooled test set)", ""]
+        s += ["## PII spans recovered character-exactly (% of spans [95% CI], n spans, pooled test set)", ""]
         for a in head_attacks + tail_attacks:
             bs = [b for b in heads + tails if any(r["attack"] == a and r["boundary"] == b for r in rows)]
             by = {r["boundary"]: r for r in rows if r["attack"] == a}
-            lines = [[t] + [_cell(by[b]["metrics"].get(f"pii_recovery_{t}")) for b in bs] for t in pii]
-            s += [f"### {a}", "", _table(["type"] + bs, lines), ""]
+            lines = [[t] + [pii_cell(by[b]["metrics"].get(f"pii_recovery_{t}")) for b in bs]
+                     + [pii_cell(by[bs[0]]["metrics"].get(f"baseline_position_pii_recovery_{t}")) if bs else "-"]
+                     for t in pii]
+            s += [f"### {a}", "", _table(["type"] + bs + ["position-prior baseline"], lines), ""]
     if study.get("depth_id"):
         lines = [[r["boundary"], str(r["depth"]), r["classifier"], f"{100 * r['token_acc']:.1f}",
                   f"{100 * r['sequence_acc']:.1f}", str(r["sequences"])] for r in study["depth_id"]]
@@ -148,7 +156,7 @@ def markdown(study: dict[str, Any]) -> str:
     corp = [r for r in rows if r["boundary"] == "head:8" and r.get("per_corpus_top1")]
     if corp:
         names = list(corp[0]["per_corpus_top1"])
-        s += ["## Per corpus at head:8 (top-1 %)", "",
+        s += ["## Per corpus at head:8 (top-1 %, every token: chat-template tokens included)", "",
               _table(["attack"] + names, [[r["attack"]] + [f"{100 * r['per_corpus_top1'][c]:.1f}" for c in names]
                                           for r in corp]), ""]
     timing = [[r["attack"], r["boundary"], f"{r['fit_seconds']:.1f}", f"{r['invert_seconds']:.1f}"] for r in rows]

@@ -63,7 +63,7 @@ def plain_forward(model: torch.nn.Module, depth: int, input_ids: torch.Tensor) -
 def _batches(loaded: LoadedModel, corpus: str, split: str | None, n_tokens: int, max_length: int, batch_size: int,
              shard_tokens: int) -> tuple[list[torch.Tensor], int]:
     """The (B, T) id tensors extraction will run, in its order, and the real (unpadded) token count."""
-    from attacks.corpora import load_corpus
+    from splitinfer.corpora import load_corpus
 
     ds = load_corpus(corpus, split, tokenizer=loaded.tokenizer)
     plan = plan_sequences(ds, loaded.tokenizer, max_length, n_tokens, shard_tokens)

@@ -42,15 +42,17 @@ def summary_table(data: dict) -> list[str]:
     depths = sorted({r["head_layers"] for r in data.get("speed", [])} |
                     {r["depth"] for r in attack_rows if r["side"] == "head"})
     decs = sorted({r["decoding"] for r in data.get("speed", [])}, key=lambda d: (d != "sequential", d))
-    head = ["local head layers"] + [f"prompt tokens recovered ({t})" for t in threats] + \
+    head = ["local head layers"] + [f"prompt tokens recovered, user text ({t})" for t in threats] + \
         [f"tok/s at 80 ms, {d}" for d in decs]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for d in depths:
         cells = [str(d)]
         for t in threats:
             best = _strongest(attack_rows, d, t)
+            lift = None if best is None else best["metrics"].get("lift_token_acc_top1")
             cells.append("n/a" if best is None else f"{_pct(best['metrics']['token_acc_top1']['value'])} "
-                                                    f"({best['attack']})")
+                                                    f"({best['attack']}"
+                         + (f"; {100 * lift['value']:+.1f} over the strongest baseline)" if lift else ")"))
         for dec in decs:
             s = _speed_at(data, d, dec)
             cells.append("n/a" if s is None else f"{s['tok_s_modelled']:.1f} modelled, {s['tok_s_measured']:.1f} "
@@ -102,23 +104,28 @@ def _rtt_section(model: dict) -> list[str]:
 
 
 def _attack_section(att: dict) -> list[str]:
+    from benchmarks.attack_tables import SCOPE, baseline_line, metrics_cells, metrics_header, pii_cell
+
     rows = att.get("rows", [])
-    lines = ["## Inversion attacks", "", att.get("note", ""), "",
-             "| side | depth | attack | threat model | corpus | top-1 [95% CI] | top-5 | token F1 | exact match | "
-             "s/token |", "|---|---|---|---|---|---|---|---|---|---|"]
+    head = ["side", "depth", "attack", "threat model", "corpus"] + metrics_header() + ["s/token"]
+    lines = ["## Inversion attacks", "", att.get("note", ""), "", SCOPE, "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in sorted(rows, key=lambda r: (r["side"], r["depth"], r["attack"], r["corpus"])):
-        m = r["metrics"]
-        top5 = m.get("token_acc_top5")
         seed = r.get("info", {}).get("seed_split_top1")
         label = r["attack"] + (f" (its own random token split: {_pct(seed)})" if seed is not None else "")
-        lines.append(
-            f"| {r['side']} | {r['depth']} | {label} | {r['threat_model']} | {r['corpus']} | "
-            f"{_ci(m['token_acc_top1'])} | {_pct(top5['value']) if top5 else 'n/a'} | "
-            f"{_pct(m['token_f1']['value']) if 'token_f1' in m else 'n/a'} | "
-            f"{_pct(m['exact_match']['value']) if 'exact_match' in m else 'n/a'} | "
-            f"{r.get('seconds_per_token', float('nan')):.2g} |")
-    if att.get("baselines"):
-        lines += ["", "Baselines: " + ", ".join(f"{k} {_pct(v)}" for k, v in att["baselines"].items())]
+        cells = [r["side"], str(r["depth"]), label, r["threat_model"], r["corpus"]] + metrics_cells(r["metrics"])
+        lines.append("| " + " | ".join(cells) + f" | {r.get('seconds_per_token', float('nan')):.2g} |")
+    pooled = next((r["metrics"] for r in rows if r["corpus"] == "all" and "baseline_unigram_top1" in r["metrics"]),
+                  None)
+    if pooled:
+        lines += ["", baseline_line(pooled)]
+    pii = [r for r in rows if r["corpus"] == "all" and any(k.startswith("pii_recovery_") for k in r["metrics"])]
+    if pii:
+        types = sorted({k[len("pii_recovery_"):] for r in pii for k in r["metrics"] if k.startswith("pii_recovery_")})
+        lines += ["", "PII spans recovered character-exactly (% [95% CI], n spans), pooled test set:", "",
+                  "| attack | boundary | " + " | ".join(types) + " |", "|---|---|" + "---|" * len(types)]
+        lines += [f"| {r['attack']} | {r['boundary']} | " + " | ".join(
+            pii_cell(r["metrics"].get(f"pii_recovery_{t}")) for t in types) + " |" for r in pii]
     return lines + [""]
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from attacks.predictions import write_all
 from benchmarks.schema import add_metric, metric, new_results, save
 from benchmarks.stages import STAGES
 from benchmarks.suite import Suite
@@ -87,6 +88,8 @@ def run_suite(suite: Suite, out_dir: str | Path, stages: list[str] | None = None
         log.info("stage %s", name)
         seed_everything(suite.seed)
         data[name] = STAGES[name].function()(loaded, suite.stages[name], results)
+        if isinstance(data[name], dict):  # per-token predictions go beside results.json, not into it
+            write_all(data[name].pop("predictions", {}), out)
         record_stage_time(results, data, name, time.perf_counter() - t, suite.budget_s(name))
     data["total_seconds"] = time.perf_counter() - t0
     results["data"] = data

@@ -20,7 +20,7 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from attacks.evaluate import score
+from attacks.evaluate import collect, doc_top1_counts, prior_from_taps, score
 from attacks.recipes.vocab_match import scoring_subset
 from attacks.registry import get_attack_class, make_attack
 from attacks.tapdata import Taps
@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 # suite names that are a recipe with fixed options
 ALIASES = {"mlp-seed": ("mlp", {"protocol": "seed"})}
 LEARNED_ORDER = ("linear-probe", "linear-embed", "mlp", "seq-decoder", "output-probe")
-RECORDED = ("token_acc_top1", "token_acc_top5", "token_f1", "exact_match")
+RECORDED = ("token_acc_top1", "token_acc_top5", "token_f1", "exact_match", "template_token_acc_top1", "coverage",
+            "baseline_position_top1", "baseline_unigram_top1", "lift_token_acc_top1", "lift_exact_match")
 
 
 def _extract(loaded: LoadedModel, cfg: dict, boundaries: list[str]) -> tuple[dict, dict, dict]:
@@ -47,6 +48,9 @@ def _extract(loaded: LoadedModel, cfg: dict, boundaries: list[str]) -> tuple[dic
         for split, n, dest in (("train", per_train, train), ("test", per_test, test)):
             taps = extract_depths(loaded, corpus, boundaries, split, max_tokens=n,
                                   max_length=cfg.get("max_length", 128), progress=False)
+            if split == "test" and len(set(taps[boundaries[0]].seq_doc.tolist())) < 10:  # >= 10 test documents
+                taps = extract_depths(loaded, corpus, boundaries, split, max_tokens=n, max_doc_tokens=max(1, n // 10),
+                                      max_length=cfg.get("max_length", 128), progress=False)
             for b, t in taps.items():
                 if split == "test":
                     start = sum(x.n_tokens for x in dest[b])
@@ -59,7 +63,7 @@ def _record(results: dict, run: str, metrics: dict) -> None:
     for name, m in metrics.items():
         if name in RECORDED or name.startswith("pii_recovery_"):
             add_metric(results, run, name, metric(m["value"], m["ci_low"], m["ci_high"], m["n"],
-                                                  m["higher_is_better"], kind="accuracy"))
+                                                  m["higher_is_better"], kind=m["kind"]))
 
 
 def stage_attacks(loaded: LoadedModel, cfg: dict, results: dict) -> dict:
@@ -74,7 +78,7 @@ def stage_attacks(loaded: LoadedModel, cfg: dict, results: dict) -> dict:
     vm_opts = options.setdefault("vocab-match", {})
     vm_tokens, vm_pii = int(vm_opts.pop("scored_tokens", 40)), int(vm_opts.pop("pii_tokens", 96))
     names = cfg.get("attacks", ["linear-probe"])
-    rows, pii_rows = [], []
+    rows, pii_rows, preds = [], [], {}
     vocab = int(loaded.config.vocab_size)
     jobs = [(b, n) for b in boundaries for n in sorted(names, key=lambda n: (n not in LEARNED_ORDER, n))]
     fitted: dict[tuple[str, str], object] = {}
@@ -97,11 +101,14 @@ def stage_attacks(loaded: LoadedModel, cfg: dict, results: dict) -> dict:
         t_inv = time.perf_counter()
         inv = atk.invert(target, k=5)
         inv_s = time.perf_counter() - t_inv
-        m = score(inv, target, vocab_size=vocab, train_token_ids=train[b].token_ids)
+        prior = prior_from_taps(train[b])
+        pred = collect(inv, target, vocab_size=vocab, prior=prior, meta={"attack": name, "boundary": b})
+        m, preds[f"attacks/{name}/{b}"] = pred.summarize(), pred
         row = {"attack": name, "threat_model": cls.threat_model, "side": side, "depth": depth, "boundary": b,
                "corpus": "all", "metrics": m, "seconds_per_token": inv_s / max(1, target.n_tokens),
                "fit_seconds": fit_s, "train_tokens": train[b].n_tokens, "test_tokens": target.n_tokens,
-               "info": {k: v for k, v in {**atk.fit_report, **inv.info}.items() if isinstance(v, (int, float, str))}}
+               "info": {k: v for k, v in {**atk.fit_report, **inv.info}.items() if isinstance(v, (int, float, str))},
+               "doc_top1": doc_top1_counts(pred)}
         rows.append(row)
         _record(results, f"attacks/{name}/{b}", m)
         if "seed_split_top1" in atk.fit_report:  # the seed's own number: random token-level split of ~880 pairs
@@ -114,17 +121,16 @@ def stage_attacks(loaded: LoadedModel, cfg: dict, results: dict) -> dict:
         if not subset:  # per-corpus breakdown of the same inversion
             for corpus, (lo, hi) in corpus_rows[b].items():
                 sub = np.arange(lo, hi)
-                sm = score(_slice(inv, sub), test[b].select_tokens(sub), vocab_size=vocab,
-                           train_token_ids=train[b].token_ids)
+                sm = score(_slice(inv, sub), test[b], rows=sub, vocab_size=vocab, prior=prior)
                 rows.append({**row, "corpus": corpus, "metrics": sm, "test_tokens": hi - lo})
     base = next((r["metrics"] for r in rows if r["corpus"] == "all"), {})
     baselines = {k.replace("baseline_", "").replace("_top1", ""): v["value"] for k, v in base.items()
-                 if k.startswith("baseline_") and k.endswith("_top1")}
+                 if k.startswith("baseline_") and k.endswith("_top1")}  # user text
     # the PII plot shows the deepest head boundary tested
     deepest = max((r["depth"] for r in pii_rows if r["boundary"].startswith("head")), default=None)
     plot_pii = [{**r, "title": f"PII spans recovered exactly, {r['boundary']}"} for r in pii_rows
                 if r["depth"] == deepest and r["boundary"].startswith("head")]
-    return {"rows": rows, "pii_rows": plot_pii, "pii_all": pii_rows, "baselines": baselines,
+    return {"rows": rows, "pii_rows": plot_pii, "pii_all": pii_rows, "baselines": baselines, "predictions": preds,
             "extract_seconds": extract_s,
             "note": (f"Teacher-forced states of held-out test documents; attackers trained on "
                      f"{cfg.get('train_tokens', 20000)} training tokens of {', '.join(cfg.get('corpora', []))} "

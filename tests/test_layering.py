@@ -19,10 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = {"splitinfer": 0, "attacks": 1, "benchmarks": 2}
 COMPOSER = "splitinfer.cli"
-# The corpora are text sources the runtime's draft training shares with the attacks; these two go when
-# they move to splitinfer/corpora/ (issue 17 item 1, another branch).
-ALLOWED_UPWARD = {("splitinfer.decoding.bridge", "attacks.corpora"),
-                  ("splitinfer.decoding.feature_train", "attacks.corpora")}
+ALLOWED_UPWARD: set[tuple[str, str]] = set()  # none: the corpora live in splitinfer.corpora
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:

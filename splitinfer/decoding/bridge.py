@@ -128,9 +128,9 @@ def split_meta(sm) -> dict:
 
 
 def corpus_sequences(tokenizer, corpora: Sequence[str], max_tokens: int, seq_len: int = 256) -> list[list[int]]:
-    """Token sequences (<= ``seq_len``) from the train split of registered corpora (:mod:`attacks.corpora`),
+    """Token sequences (<= ``seq_len``) from the train split of registered corpora (:mod:`splitinfer.corpora`),
     about ``max_tokens`` in all, shared evenly between the corpora."""
-    from attacks.corpora import load_corpus
+    from splitinfer.corpora import load_corpus
 
     if max_tokens < 1 or seq_len < 2 or not corpora:
         raise SplitInferError("bridge calibration needs corpora, max_tokens >= 1 and seq_len >= 2")

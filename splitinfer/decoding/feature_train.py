@@ -1,6 +1,6 @@
 """Training the ``feature-draft`` head (:mod:`.feature_head`) by self-distillation: ``splitinfer draft-train``.
 
-1. *Prompts* from the project's corpora, TRAIN split only (:mod:`attacks.corpora`:
+1. *Prompts* from the project's corpora, TRAIN split only (:mod:`splitinfer.corpora`:
    prose, code, chat, pii): a random snippet of a document wrapped in the
    chat template with a varied instruction (continue, explain, summarise,
    convert to JSON / CSV / a table, answer, reply...); or the user's own
@@ -70,7 +70,7 @@ INSTRUCTIONS = {
 
 def train_prompt_texts(tokenizer, n: int, seed: int, max_chars: int = 600) -> list[str]:
     """``n`` user messages from snippets of the corpora's train split, round-robin over :data:`CORPORA`."""
-    from attacks.corpora import load_corpus
+    from splitinfer.corpora import load_corpus
 
     rng = random.Random(seed)
     texts = {c: [t for t in load_corpus(c, "train", tokenizer=tokenizer)["text"] if t.strip()] for c in CORPORA}

@@ -11,6 +11,7 @@ import torch
 
 from attacks import taps as taps_mod
 from attacks.errors import AttackError
+from splitinfer.corpora import CorpusError
 from attacks.taps import Boundary, TruncatedForward, extract_corpora, extract_taps, plan_batches
 from attacks.tapstore import TapSet
 from attacks.wiretap import WireTap
@@ -212,13 +213,13 @@ def test_memory_mapped_views_and_document_split(tiny, corpus: str) -> None:
 
 
 def test_clear_errors(tiny, tmp_path: Path, corpus: str) -> None:
-    with pytest.raises(AttackError, match="unknown corpus 'nope'"):
+    with pytest.raises(CorpusError, match="unknown corpus 'nope'"):
         extract_taps(tiny, "nope", "head:2", progress=False)
-    with pytest.raises(AttackError, match="does not exist"):
+    with pytest.raises(CorpusError, match="does not exist"):
         extract_taps(tiny, f"file:{tmp_path / 'missing.txt'}", "head:2", progress=False)
     bad = tmp_path / "latin1.txt"
     bad.write_bytes("caf\xe9".encode("latin-1"))
-    with pytest.raises(AttackError, match="not UTF-8"):
+    with pytest.raises(CorpusError, match="not UTF-8"):
         extract_taps(tiny, f"file:{bad}", "head:2", progress=False)
     with pytest.raises(AttackError, match="outside the model: it has 6 layers"):
         extract_taps(tiny, corpus, "head:5", progress=False)
@@ -229,7 +230,7 @@ def test_clear_errors(tiny, tmp_path: Path, corpus: str) -> None:
         extract_taps(tiny, empty, "head:2", progress=False)
     blank = tmp_path / "blank.txt"
     blank.write_text("  \n", encoding="utf-8")
-    with pytest.raises(AttackError, match="contains no documents"):
+    with pytest.raises(CorpusError, match="contains no documents"):
         extract_taps(tiny, f"file:{blank}", "head:2", progress=False)
     for kwargs, pattern in (({"max_length": 0}, "max_length"), ({"max_length": 5000}, "context of 1024"),
                             ({"max_tokens": 0}, "max_tokens"), ({"dtype": "int8"}, "unknown tap dtype")):
@@ -259,7 +260,7 @@ def test_cli_extract_and_errors(tiny, corpus: str, capsys: pytest.CaptureFixture
 
 
 def test_cli_corpora_lists_patterns_without_loading_them(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    from attacks import corpora
+    from splitinfer import corpora
     from splitinfer.cli import main
 
     monkeypatch.setattr(corpora, "list_corpora", lambda: [

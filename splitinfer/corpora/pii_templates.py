@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from datetime import date
 from typing import Any, Callable
 
-from attacks.errors import AttackError
+from splitinfer.corpora.registry import CorpusError
 
 SPAN_TYPES: tuple[str, ...] = (
     "person", "email", "phone", "address", "ssn", "credit_card", "iban",
@@ -259,9 +259,9 @@ def render_template(template: PiiTemplate, fake: Any, locale: str) -> tuple[str,
             continue
         kind = spec or kinds.get(key, key)
         if kinds.setdefault(key, kind) != kind:
-            raise AttackError(f"template {template.name!r}: field {key!r} used as both {kinds[key]!r} and {kind!r}; give it one kind")
+            raise CorpusError(f"template {template.name!r}: field {key!r} used as both {kinds[key]!r} and {kind!r}; give it one kind")
         if kind not in _KINDS:
-            raise AttackError(f"template {template.name!r}: unknown value kind {kind!r}; use one of {sorted(_KINDS)}")
+            raise CorpusError(f"template {template.name!r}: unknown value kind {kind!r}; use one of {sorted(_KINDS)}")
         generate, span_type = _KINDS[kind]
         if key not in values:
             values[key] = generate(fake, state, locale)

@@ -1,4 +1,4 @@
-"""Hand-made checks of attacks.metrics (pure functions, no model)."""
+"""Hand-made checks of attacks.metrics.core, the bootstrap and summarize (pure functions, no model)."""
 
 from __future__ import annotations
 
@@ -290,6 +290,15 @@ def test_summarize_hand_example():
         "baseline_uniform_top5",
         "baseline_unigram_top1",
         "baseline_unigram_top5",
+        "baseline_unigram_exact_match",
+        "baseline_unigram_pii_recovery_name",
+        "baseline_unigram_pii_recovery_phone",
+        "lift_token_acc_top1",
+        "lift_token_acc_top5",
+        "lift_exact_match",
+        "lift_pii_recovery_name",
+        "lift_pii_recovery_phone",
+        "coverage",
     }
     assert out["token_acc_top1"]["value"] == pytest.approx(8 / 9)
     assert out["token_acc_top1"]["n"] == 9
@@ -302,6 +311,8 @@ def test_summarize_hand_example():
     assert out["baseline_uniform_top5"]["ci_low"] is None
     assert out["baseline_unigram_top1"]["value"] == pytest.approx(2 / 9)  # id 10 appears in both docs
     assert out["baseline_unigram_top1"]["kind"] == "info"
+    assert out["lift_token_acc_top1"]["value"] == pytest.approx(8 / 9 - 2 / 9)
+    assert out["coverage"]["value"] == pytest.approx(4 / 9)  # ids 10 and 11 (4 of 9 test tokens) were seen in training
     for entry in out.values():
         assert set(entry) == {"value", "ci_low", "ci_high", "n", "higher_is_better", "kind"}
         if entry["ci_low"] is not None:
@@ -322,4 +333,4 @@ def test_summarize_empty_document_does_not_hide_top5():
     out = M.summarize([[], [1, 2]], [[], [[0, 0, 0, 0, 1], [2, 0, 0, 0, 0]]], n_boot=10)
     assert out["token_acc_top5"]["value"] == 1.0
     assert out["token_acc_top1"]["value"] == 0.5
-    assert out["exact_match"]["value"] == 0.5  # the empty document is trivially exact
+    assert out["exact_match"]["value"] == 0.0 and out["exact_match"]["n"] == 1  # an empty document is not scored

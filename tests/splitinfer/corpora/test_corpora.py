@@ -1,4 +1,4 @@
-"""Tests of the corpus registry: document-level splits, PII spans, file/hf corpora, errors."""
+"""Tests of the corpus registry: document-level splits, PII spans, file/hf corpora, errors (de-duplication: test_dedup)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from attacks import corpora, pii_templates
-from attacks.corpora import (
+from splitinfer.corpora import pii_templates, sources
+from splitinfer.corpora import (
     corpus_manifest,
     count_tokens,
     format_chat,
@@ -19,12 +19,12 @@ from attacks.corpora import (
     load_corpus,
     split_documents,
 )
-from attacks.errors import AttackError
-from attacks.pii_templates import HELD_OUT_LOCALES, SPAN_TYPES, TEMPLATES, TRAIN_LOCALES, generate_pii_document
+from splitinfer.corpora import CorpusError
+from splitinfer.corpora.pii_templates import HELD_OUT_LOCALES, SPAN_TYPES, TEMPLATES, TRAIN_LOCALES, generate_pii_document
 
 # small options keep every corpus fast while still exercising the real data
 SMALL = {"prose": {}, "chat": {}, "code": {"n_files": 60}, "pii": {"n_docs": 300}}
-COLUMNS = {"doc_id", "group_id", "split", "genre", "text", "pii_spans", "source"}
+COLUMNS = {"doc_id", "group_id", "split", "genre", "text", "pii_spans", "template_spans", "source"}
 
 
 @pytest.fixture(scope="session")
@@ -77,12 +77,12 @@ def test_split_documents_keeps_groups_together() -> None:
 
 @pytest.mark.parametrize("fractions", [(0.5, 0.5), (0.8, 0.1, 0.2), (1.2, -0.1, -0.1)])
 def test_split_documents_rejects_bad_fractions(fractions) -> None:
-    with pytest.raises(AttackError, match="fractions"):
+    with pytest.raises(CorpusError, match="fractions"):
         split_documents(["a", "b"], seed=0, fractions=fractions)
 
 
 def test_split_documents_rejects_duplicates() -> None:
-    with pytest.raises(AttackError, match="duplicate document id 'a'"):
+    with pytest.raises(CorpusError, match="duplicate document id 'a'"):
         split_documents(["a", "b", "a"], seed=0)
 
 
@@ -134,7 +134,7 @@ def test_prose_chunks_stay_with_their_speech() -> None:
 
 def test_chunk_text_limits_and_preserves_words() -> None:
     text = "alpha beta gamma\n\n" + "word " * 300 + "\n\nomega"
-    chunks = corpora._chunk_text(text, 120)
+    chunks = sources.chunk_text(text, 120)
     assert all(0 < len(c) <= 120 for c in chunks)
     assert " ".join(chunks).split() == text.split()
 
@@ -224,7 +224,7 @@ def test_format_chat_plain_and_template() -> None:
     assert format_chat(["Hi", "Hello!", "Bye"]) == "User: Hi\nAssistant: Hello!\nUser: Bye"
     assert format_chat([{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]) == "System: s\nUser: q"
     assert format_chat(["Hi", "Hello"], FakeChatTokenizer()) == "<|user|>Hi\n<|assistant|>Hello\n"
-    with pytest.raises(AttackError, match="role"):
+    with pytest.raises(CorpusError, match="role"):
         format_chat([{"content": "x"}])
 
 
@@ -288,34 +288,34 @@ def test_file_jsonl_one_document_per_line(tmp_path: Path) -> None:
     parts = [set(load_corpus(f"file:{path}", s)["doc_id"]) for s in ("train", "val", "test")]
     assert [len(p) for p in parts] == [16, 2, 2] and set().union(*parts) == set(every["doc_id"])
     path.write_text('{"text": "fine"}\n{"body": "no text here"}\n', encoding="utf-8")
-    with pytest.raises(AttackError, match=r"docs.jsonl line 2 has no string 'text' field.*'body'"):
+    with pytest.raises(CorpusError, match=r"docs.jsonl line 2 has no string 'text' field.*'body'"):
         load_corpus(f"file:{path}")
     path.write_text('{"text": "fine"}\nnot json\n', encoding="utf-8")
-    with pytest.raises(AttackError, match="line 2 is not valid JSON"):
+    with pytest.raises(CorpusError, match="line 2 is not valid JSON"):
         load_corpus(f"file:{path}")
     path.write_text('{"text": "abc", "pii_spans": [{"start": 1, "end": 9, "type": "x"}]}\n', encoding="utf-8")
-    with pytest.raises(AttackError, match="bad PII span"):
+    with pytest.raises(CorpusError, match="bad PII span"):
         load_corpus(f"file:{path}")
 
 
 def test_file_errors(tmp_path: Path) -> None:
-    with pytest.raises(AttackError, match=r"missing\.txt.*does not exist"):
+    with pytest.raises(CorpusError, match=r"missing\.txt.*does not exist"):
         load_corpus(f"file:{tmp_path / 'missing.txt'}")
-    with pytest.raises(AttackError, match="is a directory"):
+    with pytest.raises(CorpusError, match="is a directory"):
         load_corpus(f"file:{tmp_path}")
     (tmp_path / "x.csv").write_text("a,b\n")
-    with pytest.raises(AttackError, match="unsupported extension '.csv'"):
+    with pytest.raises(CorpusError, match="unsupported extension '.csv'"):
         load_corpus(f"file:{tmp_path / 'x.csv'}")
     (tmp_path / "empty.jsonl").write_text("\n\n")
-    with pytest.raises(AttackError, match="contains no documents"):
+    with pytest.raises(CorpusError, match="contains no documents"):
         load_corpus(f"file:{tmp_path / 'empty.jsonl'}")
     (tmp_path / "bin.txt").write_bytes(b"\xff\xfe\x00bad")
-    with pytest.raises(AttackError, match="not UTF-8"):
+    with pytest.raises(CorpusError, match="not UTF-8"):
         load_corpus(f"file:{tmp_path / 'bin.txt'}")
     (tmp_path / "one.txt").write_text("only one document")
-    with pytest.raises(AttackError, match="split 'test' .* is empty"):
+    with pytest.raises(CorpusError, match="split 'test' .* is empty"):
         load_corpus(f"file:{tmp_path / 'one.txt'}", "test")
-    with pytest.raises(AttackError, match="needs a path"):
+    with pytest.raises(CorpusError, match="needs a path"):
         load_corpus("file:")
 
 
@@ -334,16 +334,16 @@ def test_hf_corpus_through_load_dataset(monkeypatch: pytest.MonkeyPatch) -> None
     assert len(ds) == 10 and ds["doc_id"][3] == "hf:some/data:validation:3" and ds["text"][3] == "row 3"
     test = load_corpus("hf:some/data:validation", "test")
     assert calls[-1] == ("some/data", None, "validation") and len(test) == 1
-    with pytest.raises(AttackError, match=r"no column 'body'.*text_column"):
+    with pytest.raises(CorpusError, match=r"no column 'body'.*text_column"):
         load_corpus("hf:some/data:validation", text_column="body")
-    with pytest.raises(AttackError, match="hf:<dataset>:<split>"):
+    with pytest.raises(CorpusError, match="hf:<dataset>:<split>"):
         load_corpus("hf:only-a-name")
 
     def failing(*args, **kwargs):
         raise ConnectionError("no network")
 
     monkeypatch.setattr(datasets, "load_dataset", failing)
-    with pytest.raises(AttackError, match="could not load Hugging Face dataset 'x'.*no network"):
+    with pytest.raises(CorpusError, match="could not load Hugging Face dataset 'x'.*no network"):
         load_corpus("hf:x:train")
 
 
@@ -359,7 +359,7 @@ def test_hf_corpus_on_local_json_file(tmp_path: Path, monkeypatch: pytest.Monkey
 
 
 def test_unknown_corpus_lists_known_ones() -> None:
-    with pytest.raises(AttackError) as err:
+    with pytest.raises(CorpusError) as err:
         load_corpus("poetry")
     message = str(err.value)
     assert "'poetry'" in message and all(n in message for n in ("prose", "chat", "code", "pii", "file:<path>"))
@@ -375,6 +375,6 @@ def test_unknown_corpus_lists_known_ones() -> None:
         ({"chunk_chars": 10}, "chunk_chars=10"),
     ],
 )
-def test_bad_arguments_raise_attack_error(kwargs, pattern) -> None:
-    with pytest.raises(AttackError, match=pattern):
+def test_bad_arguments_raise_corpus_error(kwargs, pattern) -> None:
+    with pytest.raises(CorpusError, match=pattern):
         load_corpus("prose", **kwargs)

@@ -1,0 +1,169 @@
+"""Per-sample predictions: what an attack guessed for every scored token, on disk, and metrics recomputed from it.
+
+Every attack-scoring command and stage writes a :class:`Predictions` record
+beside its results as gzipped JSON lines (issue 14 item 11, the per-sample
+output lm-evaluation-harness users asked for): a header line (format,
+settings, training prior, metadata, whether every document fits), then one
+line per document with ``doc_id``, ``genre``, and per token ``true``,
+``topk`` (ranked guesses), ``positions``, ``template`` (1 for chat-template
+tokens), plus ``offsets`` and ``pii_spans`` where PII is scored.
+:func:`rescore` (``splitinfer attack rescore PATH``) recomputes every metric
+from the file alone, with :func:`attacks.metrics.summarize`, the function the
+run itself used.
+
+Size cap: a file written under a ``reports`` directory keeps at most
+:data:`REPORTS_MAX_BYTES` (compressed); documents past the cap are left out
+and the header says so (``complete: false``, ``n_documents_total``), so
+rescoring then covers the documents kept. Elsewhere there is no cap.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+import tempfile
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attacks.errors import AttackError
+from attacks.metrics import summarize
+from attacks.metrics.baselines import TokenPrior, prior_from_json, prior_to_json
+
+log = logging.getLogger(__name__)
+
+FORMAT = "splitinfer-predictions"
+VERSION = 1
+REPORTS_MAX_BYTES = 1 << 20  # 1 MiB per file under reports/
+
+__all__ = ["Predictions", "REPORTS_MAX_BYTES", "read_predictions", "rescore", "write_predictions", "write_all"]
+
+
+@dataclass
+class Predictions:
+    """Per-document arrays of one scored inversion (see the module docstring), and its scoring settings."""
+
+    doc_ids: list[str]
+    genres: list[str]
+    true: list[np.ndarray]  # per doc (T,) int64
+    topk: list[np.ndarray]  # per doc (T, K) int64
+    positions: list[np.ndarray]  # per doc (T,) position in the sequence
+    template: list[np.ndarray]  # per doc (T,) bool, True for chat-template tokens
+    offsets: list[np.ndarray] | None  # per doc (T, 2) when PII is scored
+    spans: list[list[dict[str, Any]]] | None  # per doc PII spans when PII is scored
+    prior: TokenPrior | None
+    settings: dict[str, Any]  # ks, vocab_size, n_boot, seed
+    meta: dict[str, Any] = field(default_factory=dict)
+    complete: bool = True
+    n_documents_total: int | None = None
+
+    def summarize(self) -> dict[str, dict[str, Any]]:
+        """Every metric of :func:`attacks.metrics.summarize` on these predictions."""
+        s = self.settings
+        return summarize(self.true, self.topk, ks=s["ks"], offsets=self.offsets, spans=self.spans,
+                         vocab_size=s.get("vocab_size"), prior=self.prior, positions=self.positions,
+                         template_mask=self.template, n_boot=s["n_boot"], seed=s["seed"])
+
+    def _doc_line(self, i: int) -> str:
+        rec: dict[str, Any] = {"doc_id": self.doc_ids[i], "genre": self.genres[i], "true": self.true[i].tolist(),
+                               "topk": np.asarray(self.topk[i]).tolist(), "positions": self.positions[i].tolist(),
+                               "template": self.template[i].astype(int).tolist()}
+        if self.offsets is not None:
+            rec["offsets"] = np.asarray(self.offsets[i]).tolist()
+            rec["pii_spans"] = self.spans[i] if self.spans is not None else []
+        return json.dumps(rec, separators=(",", ":"))
+
+    def _header(self, n_kept: int) -> str:
+        return json.dumps({"format": FORMAT, "version": VERSION, "settings": self.settings,
+                           "prior": None if self.prior is None else prior_to_json(self.prior),
+                           "meta": self.meta, "complete": n_kept == len(self.doc_ids),
+                           "n_documents": n_kept, "n_documents_total": len(self.doc_ids)},
+                          separators=(",", ":"), default=str)
+
+
+def _cap_for(path: Path) -> int | None:
+    return REPORTS_MAX_BYTES if "reports" in path.resolve().parts else None
+
+
+def write_predictions(path: str | os.PathLike[str], pred: Predictions, max_bytes: int | None | str = "auto") -> Path:
+    """Write ``pred`` as gzipped JSON lines, atomically; ``max_bytes="auto"`` caps files under ``reports/``."""
+    path = Path(path)
+    cap = _cap_for(path) if max_bytes == "auto" else max_bytes
+    lines = [pred._doc_line(i) for i in range(len(pred.doc_ids))]
+    n_kept = len(lines)
+    if cap is not None:
+        z, size = zlib.compressobj(6, zlib.DEFLATED, 31), 0
+        for i, line in enumerate(lines):
+            size += len(z.compress((line + "\n").encode()))
+            if size + len(z.copy().flush()) > cap:
+                n_kept = i
+                log.warning("predictions %s: %d of %d documents fit the %d-byte cap for reports/", path, i,
+                            len(lines), cap)
+                break
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".jsonl.gz", dir=path.parent)
+    os.close(fd)
+    try:
+        with gzip.open(tmp, "wt", encoding="utf-8") as f:
+            f.write(pred._header(n_kept) + "\n")
+            for line in lines[:n_kept]:
+                f.write(line + "\n")
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return path
+
+
+def read_predictions(path: str | os.PathLike[str]) -> Predictions:
+    """Read a file written by :func:`write_predictions`."""
+    path = Path(path)
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            header = json.loads(f.readline())
+            docs = [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        raise AttackError(f"predictions file {str(path)!r} does not exist; check the path") from None
+    except (OSError, EOFError, json.JSONDecodeError) as exc:
+        raise AttackError(f"{str(path)!r} is not a gzipped predictions file ({exc}); pass a *.jsonl.gz that an "
+                          "attack run wrote") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise AttackError(f"{str(path)!r} is not a splitinfer predictions file (its first line has no "
+                          f"format={FORMAT!r}); pass a file an attack run wrote")
+    if header.get("version") != VERSION:
+        raise AttackError(f"{str(path)!r} has predictions format version {header.get('version')}, this code reads "
+                          f"{VERSION}; rescore it with the splitinfer version that wrote it")
+    if not docs:
+        raise AttackError(f"{str(path)!r} holds no documents (the size cap left none); rerun with a larger cap")
+    pii = "offsets" in docs[0]
+    return Predictions(
+        doc_ids=[d["doc_id"] for d in docs], genres=[d.get("genre", "") for d in docs],
+        true=[np.asarray(d["true"], dtype=np.int64) for d in docs],
+        topk=[np.asarray(d["topk"], dtype=np.int64).reshape(len(d["true"]), -1) for d in docs],
+        positions=[np.asarray(d["positions"], dtype=np.int64) for d in docs],
+        template=[np.asarray(d["template"], dtype=bool) for d in docs],
+        offsets=[np.asarray(d["offsets"], dtype=np.int64).reshape(-1, 2) for d in docs] if pii else None,
+        spans=[d["pii_spans"] for d in docs] if pii else None,
+        prior=None if header.get("prior") is None else prior_from_json(header["prior"]),
+        settings=header["settings"], meta=header.get("meta") or {}, complete=bool(header.get("complete")),
+        n_documents_total=header.get("n_documents_total"))
+
+
+def rescore(path: str | os.PathLike[str]) -> tuple[dict[str, dict[str, Any]], Predictions]:
+    """Every metric recomputed from a predictions file, and the record it came from."""
+    pred = read_predictions(path)
+    if not pred.complete:
+        log.warning("%s holds %d of %d documents (size cap): the metrics cover those only", path,
+                    len(pred.doc_ids), pred.n_documents_total)
+    return pred.summarize(), pred
+
+
+def write_all(records: dict[str, Predictions], out_dir: str | os.PathLike[str]) -> list[Path]:
+    """Write ``{name: record}`` as ``out_dir/predictions/<name with / as __>.jsonl.gz``; returns the paths."""
+    base = Path(out_dir) / "predictions"
+    return [write_predictions(base / (name.replace("/", "__").replace(":", "-") + ".jsonl.gz"), rec)
+            for name, rec in records.items()]

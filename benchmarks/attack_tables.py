@@ -1,0 +1,98 @@
+"""Markdown cells and tables for attack metrics, shared by the suite report and the depth-study report.
+
+Every table states its scope: the un-prefixed metrics are *user text* (turn
+content; chat-template tokens excluded), ``template`` columns are the chat
+template's tokens alone. Intervals print ``n/a`` where there are fewer than 2
+documents; lift is over the strongest activation-free baseline (uniform,
+unigram, position prior), with a paired bootstrap interval; attackers are
+compared with a paired bootstrap of the difference
+(:func:`attacks.metrics.paired_bootstrap_diff`), not by disjoint intervals.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attacks.metrics import paired_bootstrap_diff
+
+SCOPE = ("Scope: user text (turn content); chat-template tokens (system prompt, role markers) are excluded and "
+         "shown apart in the template column. Intervals: 95%, bootstrap over documents; Clopper-Pearson when every "
+         "case succeeds or fails; n/a below 2 documents.")
+
+
+def pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}"
+
+
+def cell(m: dict[str, Any] | None, signed: bool = False) -> str:
+    """``value [low, high]`` in %, ``value [n/a]`` without an interval, ``-`` when absent."""
+    if m is None:
+        return "-"
+    f = (lambda x: f"{100 * x:+.1f}") if signed else (lambda x: f"{100 * x:.1f}")
+    if m.get("ci_low") is None:
+        return f"{f(m['value'])} [n/a]"
+    return f"{f(m['value'])} [{f(m['ci_low'])}, {f(m['ci_high'])}]"
+
+
+def strongest_baseline(metrics: dict[str, Any], k: int = 1) -> tuple[str, float] | None:
+    """(name, value) of the strongest top-k baseline among uniform, unigram and position."""
+    found = [(name, metrics[f"baseline_{name}_top{k}"]["value"]) for name in ("uniform", "unigram", "position")
+             if f"baseline_{name}_top{k}" in metrics]
+    return max(found, key=lambda x: x[1]) if found else None
+
+
+def baseline_line(metrics: dict[str, Any]) -> str:
+    """One sentence naming every top-1 baseline (user text) and the template's position-prior score."""
+    parts = [f"{name} {cell(metrics.get(f'baseline_{name}_top1'))}" for name in ("uniform", "unigram", "position")
+             if f"baseline_{name}_top1" in metrics]
+    em = [f"{name} {cell(metrics.get(f'baseline_{name}_exact_match'))}" for name in ("unigram", "position")
+          if f"baseline_{name}_exact_match" in metrics]
+    out = "Baselines without activations (top-1 %, user text): " + ", ".join(parts)
+    if em:
+        out += "; exact match: " + ", ".join(em)
+    if "template_baseline_position_top1" in metrics:
+        out += (f"; the position prior alone recovers {cell(metrics['template_baseline_position_top1'])} of "
+                "template tokens")
+    return out + "."
+
+
+def metrics_header() -> list[str]:
+    return ["top-1 % [95% CI]", "lift over strongest baseline", "template top-1 %", "coverage %", "top-5 %",
+            "token F1 %", "exact match % (lift)", "n tokens / docs"]
+
+
+def metrics_cells(m: dict[str, Any]) -> list[str]:
+    """The cells of :func:`metrics_header` for one summary."""
+    best = strongest_baseline(m)
+    lift = "-" if "lift_token_acc_top1" not in m else \
+        f"{cell(m['lift_token_acc_top1'], signed=True)} vs {best[0] if best else '?'}"
+    em = "-" if "exact_match" not in m else pct(m["exact_match"]["value"]) + (
+        f" ({100 * m['lift_exact_match']['value']:+.1f})" if "lift_exact_match" in m else "")
+    n_tok = m["token_acc_top1"]["n"] if "token_acc_top1" in m else "-"
+    n_doc = m["token_f1"]["n"] if "token_f1" in m else "-"
+    return [cell(m.get("token_acc_top1")), lift, cell(m.get("template_token_acc_top1")), cell(m.get("coverage")),
+            pct(m["token_acc_top5"]["value"]) if "token_acc_top5" in m else "-",
+            pct(m["token_f1"]["value"]) if "token_f1" in m else "-", em, f"{n_tok} / {n_doc}"]
+
+
+def pii_cell(m: dict[str, Any] | None) -> str:
+    """PII recovery with its interval and the number of spans scored (n)."""
+    return "-" if m is None else f"{cell(m)} (n={m['n']})"
+
+
+def compare(a: dict[str, Any], b: dict[str, Any], seed: int = 0) -> str:
+    """``a - b`` top-1 (user text) with a paired bootstrap CI over their shared documents, from rows' ``doc_top1``."""
+    da, db = a.get("doc_top1"), b.get("doc_top1")
+    if not da or not db:
+        return "n/a (no per-document counts)"
+    ib = {d: i for i, d in enumerate(db["doc_ids"])}
+    shared = [(i, ib[d]) for i, d in enumerate(da["doc_ids"]) if d in ib]
+    if not shared:
+        return "n/a (no shared documents)"
+    pick = lambda xs, j: [xs[p[j]] for p in shared]  # noqa: E731
+    diff, low, high = paired_bootstrap_diff(pick(da["correct"], 0), pick(da["total"], 0), pick(db["correct"], 1),
+                                            pick(db["total"], 1), seed=seed)
+    if low is None:
+        return f"{100 * diff:+.1f} [n/a]"
+    verdict = "significant" if low > 0 or high < 0 else "not significant"
+    return f"{100 * diff:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}], {verdict}"
