@@ -47,6 +47,7 @@ def _val_split_ok(corpora: list[str]) -> bool:
 
 def cmd_train(args) -> int:
     from attacks.cli import quiet_datasets
+    from attacks.base import DepthIdentifier
     from attacks.registry import get_attack_class
     from attacks.taps import Boundary, extract_corpora, parse_corpora
     from attacks.trainer import TrainConfig, get_accelerator
@@ -62,7 +63,8 @@ def cmd_train(args) -> int:
     boundaries = [Boundary.parse(b) for b in args.boundary.split(",") if b.strip()]
     if not boundaries:
         raise AttackError("no boundary given, e.g. --boundary head:4")
-    if len(boundaries) > 1 and klass.name != "depth-id":
+    depth_id = issubclass(klass, DepthIdentifier)
+    if len(boundaries) > 1 and not depth_id:
         raise AttackError(f"attack {klass.name!r} trains at one boundary; got {len(boundaries)}: {args.boundary}")
     out = Path(args.out)
     acc = get_accelerator()
@@ -83,7 +85,7 @@ def cmd_train(args) -> int:
     attack = klass(model=loaded, seed=args.seed, **hparams)
     trainer = TrainConfig(checkpoint_dir=str(out / "checkpoints"), resume=not args.no_resume,
                           progress=main and not args.json)
-    if klass.name == "depth-id":
+    if depth_id:
         attack.fit(list(train.values()), trainer=trainer)
     else:
         key = str(boundaries[0])
@@ -103,7 +105,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from attacks.base import read_config
+    from attacks.base import DepthIdentifier, read_config
     from attacks.cli import quiet_datasets
     from attacks.evaluate import flat_report, prior_tokens, score
     from attacks.registry import load_attack
@@ -132,13 +134,12 @@ def cmd_eval(args) -> int:
     taps = as_taps(sets)
     extra = {"attack": attack.name, "threat_model": attack.threat_model, "boundary": str(b), "model": loaded.spec,
              "model_sha256": loaded.sha256, "corpus": corpora, "split": split, "attacker": str(args.attacker)}
-    if attack.name == "depth-id":
-        pred = attack.identify(taps)
-        true = taps.meta.get("depth")
-        report = {"depth": true, "depth_token_acc": float((pred["token_depth"] == true).mean()),
-                  "depth_sequence_acc": float((pred["sequence_depth"] == true).mean()),
-                  "n_tokens": taps.n_tokens, "n_sequences": len(taps), **extra}
-        print(f"depth-id on {b} (depth {true}): token acc {report['depth_token_acc']:.3f}, "
+    if isinstance(attack, DepthIdentifier):
+        acc = attack.accuracy(taps)
+        true = acc["depth"]
+        report = {"depth": true, "depth_token_acc": acc["token_acc"], "depth_sequence_acc": acc["sequence_acc"],
+                  "n_tokens": acc["n_tokens"], "n_sequences": acc["sequences"], **extra}
+        print(f"{attack.name} on {b} (depth {true}): token acc {report['depth_token_acc']:.3f}, "
               f"sequence acc {report['depth_sequence_acc']:.3f}")
     else:
         inv = attack.invert(taps)
