@@ -302,6 +302,7 @@ class DepthIdentifier(Attack):
     """
 
     boundary_side: ClassVar[str] = "any"
+    classifiers: ClassVar[tuple[str | None, ...]] = (None,)  # the classifiers identify() offers (None: default)
 
     @abstractmethod
     def fit(self, groups: Any, *, trainer: Any = None) -> DepthIdentifier:

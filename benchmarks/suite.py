@@ -28,7 +28,8 @@ STAGE_KEYS: dict[str, dict[str, type | tuple]] = {
     "rtt_model": {"split": str, "decodings": list, "rtt_ms": list, "bandwidth_mbps": float, "prompts": int,
                   "tokens": int, "project_rtt_ms": list, "decoding_options": dict},
     "attacks": {"head_depths": list, "tail_depths": list, "attacks": list, "corpora": list, "train_tokens": int,
-                "test_tokens": int, "max_length": int, "options": dict, "seed_protocol": bool},
+                "test_tokens": int, "max_length": int, "options": dict, "seed_protocol": bool, "wire_tokens": int,
+                "val_tokens": int, "defense": str},
     "ngram_ablation": {"n": list, "categories": list, "prompts_per_category": int, "tokens": int,
                        "split": str, "lookahead_n": list},
 }

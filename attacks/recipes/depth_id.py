@@ -67,6 +67,7 @@ class DepthId(DepthIdentifier):
     threat_model = "white-box (learned)"
     requires = frozenset({"pairs"})
     boundary_side = "any"
+    classifiers = ("stats", "raw")
     defaults = {"classifier": "raw", "n_outlier_dims": 8, "C": 1.0, "hidden": 256, "epochs": 4, "lr": 1e-3,
                 "batch_size": 256, "max_tokens_per_depth": 20000}
 
