@@ -48,7 +48,8 @@ from attacks.tapdata import Taps, as_taps
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Attack", "DepthIdentifier", "Inversion", "InversionAttack", "REQUIREMENTS", "THREAT_MODELS", "CONFIG_NAME", "TENSORS_NAME"]
+__all__ = ["Attack", "DepthIdentifier", "Inversion", "InversionAttack", "REQUIREMENTS", "THREAT_MODELS", "CONFIG_NAME",
+           "TENSORS_NAME"]
 
 THREAT_MODELS = ("white-box (exact)", "white-box (learned)", "shadow", "paired")
 RECIPE_THREAT_MODELS = ("white-box (exact)", "white-box (learned)", "paired")  # shadow: only a result's label
@@ -209,7 +210,7 @@ class Attack(ABC):
         klass = get_attack_class(cfg["recipe"])
         if cls is not Attack and not issubclass(klass, cls):
             raise AttackError(f"checkpoint {directory} holds a {cfg['recipe']!r} attack, not {cls.name!r}; load it "
-                              "with InversionAttack.load or attacks.registry.load_attack")
+                              "with Attack.load or attacks.registry.load_attack")
         meta = cfg.get("meta", {})
         if model is not None and meta.get("model_sha256") and model.sha256 != meta["model_sha256"]:
             raise AttackError(f"model mismatch: checkpoint {directory} was trained on {meta.get('model')} (sha256 "

@@ -212,7 +212,7 @@ def job_key(cfg: GridConfig, job: Job, data: GridData, model_sha256: str) -> str
 
 # ---------------------------------------------------------------------------- one job
 def _slice(inv: Inversion, rows: np.ndarray) -> Inversion:
-    return Inversion(inv.tokens[rows], inv.topk[rows], inv.scores[rows])
+    return Inversion(inv.tokens[rows], inv.topk[rows], inv.scores[rows], dict(inv.info))
 
 
 def _build(loaded: Any, cfg: GridConfig, name: str, recipe: str, fixed: dict[str, Any]) -> Any:
@@ -250,6 +250,7 @@ def run_job(loaded: Any, cfg: GridConfig, data: GridData, job: Job, fitted: dict
         inv = atk.invert(target.taps, k=5)
         inv_s = time.perf_counter() - t
         inv, truth, scored_on = _slice(inv, target.rows), target.truth, target.scored_on
+        inv.info.update(target.traffic)
         parts = {c: np.flatnonzero(target.corpus_of_row == c) for c in cfg.corpora}
     else:
         if atk.scoring == "prefixes":

@@ -22,7 +22,7 @@ token of the teacher-forced test taps instead.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -46,6 +46,7 @@ class NextTargets:
     truth: Taps  # n one-token sequences, token_ids = targets
     corpus_of_row: np.ndarray  # (n,) corpus name of each scored row
     scored_on: str
+    traffic: dict[str, int] = field(default_factory=dict)  # frames, draft frames, rejected draft rows
 
 
 def _session_rows(steps: list[Any]) -> dict[str, list[tuple[int, Any, int]]]:
@@ -72,6 +73,7 @@ def wire_targets(loaded: Any, cfg: Any, data: Any, boundary: str) -> NextTargets
     tok = loaded.tokenizer
     test = next(iter(data.test.values()))
     hidden, ids, lengths, docs, targets, corpus_of = [], [], [], [], [], []
+    traffic = {"wire_frames": 0, "wire_draft_frames": 0, "wire_rejected_rows": 0}
     for corpus, (lo, hi) in data.test_rows.items():
         seq_docs = sorted(set(test.doc_index()[lo:hi].tolist()))
         results, budget = [], cfg.wire_tokens
@@ -87,6 +89,9 @@ def wire_targets(loaded: Any, cfg: Any, data: Any, boundary: str) -> NextTargets
                 results.append(res)
                 budget -= len(res.token_ids)
         sessions = _session_rows(wt.steps)
+        traffic["wire_frames"] += len(wt.steps)
+        traffic["wire_draft_frames"] += sum(st.step > 0 and len(st.positions) > 1 for st in wt.steps)
+        traffic["wire_rejected_rows"] += sum(not k for st in wt.steps for k in st.kept)
         if len(sessions) != len(results):
             raise AttackError(f"wire tap of {corpus}: {len(sessions)} sessions for {len(results)} generations")
         for (sid, rows), res in zip(sessions.items(), results):
@@ -113,7 +118,7 @@ def wire_targets(loaded: Any, cfg: Any, data: Any, boundary: str) -> NextTargets
     truth = taps.select_tokens(rows)
     truth.token_ids = target[rows]
     log.info("wire traffic at %s: %d generated tokens scored over %d sessions", boundary, len(rows), len(docs))
-    return NextTargets(taps, rows, truth, np.asarray(corpus_of)[rows], "wire")
+    return NextTargets(taps, rows, truth, np.asarray(corpus_of)[rows], "wire", traffic)
 
 
 def teacher_forced_targets(data: Any, boundary: str) -> NextTargets:

@@ -117,7 +117,8 @@ def run_replica(cfg: ReplicaConfig) -> dict[str, Any]:
             held = t.select_sequences(dte)
             runs.append({"depth": depth, "split": s, "protocol": "held-out documents",
                          "train_tokens": int(t.seq_lengths[dtr].sum()), "test_tokens": held.n_tokens,
-                         "test_documents": [t.documents[int(i)]["doc_id"] for i in held.seq_doc], "top1": _top1(atk, held)})
+                         "test_documents": [t.documents[int(i)]["doc_id"] for i in held.seq_doc],
+                         "top1": _top1(atk, held)})
             log.info("depth %d split %d: token split %.3f, held-out docs %.3f", depth, s, runs[-2]["top1"],
                      runs[-1]["top1"])
     first = next(iter(taps.values()))
@@ -144,8 +145,9 @@ def markdown(result: dict[str, Any], git_hash: str | None, dirty: bool | None) -
     lines = ["| head depth (seed: after layer) | protocol | top-1 mean % | std | min | max | seed paper % |",
              "|---|---|---|---|---|---|---|"]
     for r in summarize(result):
+        seed = pct(r["seed_paper"]) if r["protocol"].startswith("seed") else ""
         lines.append(f"| {r['depth']} ({r['depth'] - 1}) | {r['protocol']} | {pct(r['mean'])} | {pct(r['std'])} | "
-                     f"{pct(r['min'])} | {pct(r['max'])} | {pct(r['seed_paper']) if r['protocol'].startswith('seed') else ''} |")
+                     f"{pct(r['min'])} | {pct(r['max'])} | {seed} |")
     return "\n".join([
         "# The seed's MLP protocol, replicated", "",
         f"Model {cfg['model']} (sha256 {cfg['model_sha256'][:12]}...), {cfg['documents']} project-written documents "

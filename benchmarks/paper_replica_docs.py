@@ -16,8 +16,8 @@ DOCS: tuple[tuple[str, str], ...] = (
      "improving the process around 105 AD by pulping bark, hemp and old fishing nets. The technique reached "
      "Samarkand in the eighth century and Europe several hundred years later."),
     ("general", "A standard chess board has sixty-four squares arranged in eight ranks and eight files. Each player "
-     "starts with sixteen pieces: one king, one queen, two rooks, two bishops, two knights and eight pawns. The player with the white pieces always moves first, and a game ends in checkmate, resignation "
-     "or a draw."),
+     "starts with sixteen pieces: one king, one queen, two rooks, two bishops, two knights and eight pawns. "
+     "The player with the white pieces always moves first, and a game ends in checkmate, resignation or a draw."),
     ("code", "def moving_average(values, window):\n    if window <= 0:\n        raise ValueError('window must be "
      "positive')\n    total = sum(values[:window])\n    out = [total / window]\n    for i in range(window, "
      "len(values)):\n        total += values[i] - values[i - window]\n        out.append(total / window)\n"
@@ -49,16 +49,17 @@ DOCS: tuple[tuple[str, str], ...] = (
      "ORDER BY revenue DESC;"),
     ("science", "Photosynthesis converts light energy into chemical energy. In the chloroplasts, water molecules "
      "are split, releasing oxygen, and the energy captured by chlorophyll is used to fix carbon dioxide into "
-     "sugars through the Calvin cycle. Most of the oxygen in the atmosphere was produced this way over billions "
-     "of years."),
+     "sugars through the Calvin cycle. "
+     "Most of the oxygen in the atmosphere was produced this way over billions of years."),
     ("science", "Sound travels at roughly 343 metres per second in dry air at twenty degrees Celsius, about four "
      "times slower than in water and fifteen times slower than in steel, because the speed depends on how stiff "
      "and how dense the medium is."),
     ("pangram", "The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs. How vexingly "
-     "quick daft zebras jump! Sphinx of black quartz, judge my vow. Jackdaws love my big sphinx of quartz. The five boxing wizards jump "
-     "quickly."),
+     "quick daft zebras jump! Sphinx of black quartz, judge my vow. "
+     "Jackdaws love my big sphinx of quartz. The five boxing wizards jump quickly."),
     ("climate", "Global mean surface temperature is now about 1.2 degrees Celsius above the pre-industrial level. "
      "Warmer air holds more moisture, so heavy rainfall events become more intense, while longer dry spells raise "
-     "the risk of wildfires in many regions. Cutting methane, which traps far more heat per tonne than carbon dioxide over twenty "
-     "years, is one of the fastest ways to slow the warming."),
+     "the risk of wildfires in many regions. "
+     "Cutting methane, which traps far more heat per tonne than carbon dioxide over twenty years, is one of the "
+     "fastest ways to slow the warming."),
 )

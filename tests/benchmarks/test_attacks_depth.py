@@ -101,7 +101,8 @@ def test_vocab_match_only_at_chosen_depths(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_vocab_match_tries_the_linear_probe_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """vocab-match gets the boundary's linear probe as proposer, fitted on demand; its key covers the probe's options."""
+    """vocab-match gets the boundary's linear probe as proposer, fitted on demand; its key covers the probe's
+    options."""
     from attacks.recipes.vocab_match import VocabMatch
     from benchmarks.attack_grid import Job, extract, job_key
     from benchmarks.attacks_depth import grid_config
