@@ -143,6 +143,12 @@ def cmd_eval(args) -> int:
               f"sequence acc {report['depth_sequence_acc']:.3f}")
     else:
         inv = attack.invert(taps)
+        if attack.reads == "next":  # its guess at row t is token t+1: score it against the following tokens
+            from attacks.base import Inversion
+            from attacks.recipes._common import next_token_rows
+
+            rows, taps = next_token_rows(taps)
+            inv = Inversion(inv.tokens[rows], inv.topk[rows], inv.scores[rows], inv.info)
         summary = score(inv, taps, vocab_size=int(loaded.config.vocab_size),
                         train_token_ids=prior_tokens(meta["unigram_top"]) if meta.get("unigram_top") else None)
         report = flat_report(summary, **extra, info=inv.info)

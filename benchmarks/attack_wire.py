@@ -123,13 +123,14 @@ def wire_targets(loaded: Any, cfg: Any, data: Any, boundary: str) -> NextTargets
 
 def teacher_forced_targets(data: Any, boundary: str) -> NextTargets:
     """The next token of each teacher-forced test row (no generation)."""
+    from attacks.recipes._common import next_token_rows
+
     test = data.test[boundary]
-    nxt = test.next_token_ids()
-    rows = np.flatnonzero(nxt >= 0)
+    rows, truth = next_token_rows(test)
     corpus = np.empty(test.n_tokens, dtype=object)
     for c, (lo, hi) in data.test_rows.items():
         corpus[lo:hi] = c
-    return NextTargets(test, rows, test.select_tokens(rows + 1), corpus[rows].astype(str), "teacher-forced")
+    return NextTargets(test, rows, truth, corpus[rows].astype(str), "teacher-forced")
 
 
 def next_token_targets(loaded: Any, cfg: Any, data: Any, boundary: str) -> NextTargets:
