@@ -30,7 +30,9 @@ def test_splits_partition_and_differ_by_seed() -> None:
 def test_replica_on_tiny_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPLITINFER_CACHE", str(tmp_path / "cache"))
     cfg = replace(ReplicaConfig(), model="tiny-random", head_depths=(1, 2), splits=2, epochs=1, width=32)
-    result = run_replica(cfg)
+    calls = []
+    result = run_replica(cfg, on_depth=lambda partial: calls.append(partial["config"]["head_depths"]))
+    assert calls == [[1], [1, 2]]  # the report is rewritten after each depth
     assert len(result["runs"]) == 2 * 2 * 2
     assert {r["protocol"] for r in result["runs"]} == {"seed (token positions)", "held-out documents"}
     seed_runs = [r for r in result["runs"] if r["protocol"].startswith("seed")]
