@@ -95,11 +95,11 @@ def document_split(n_docs: int, fraction: float, seed: int) -> tuple[np.ndarray,
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
 
 
-def run_replica(cfg: ReplicaConfig, on_depth: Any = None) -> dict[str, Any]:
+def run_replica(cfg: ReplicaConfig, on_split: Any = None) -> dict[str, Any]:
     """Top-1 of the MLP per depth, split and protocol; see :func:`summarize`.
 
-    ``on_depth(result so far)`` is called after each depth (the CLI writes the report each time, so an
-    interrupted run leaves the depths it finished)."""
+    ``on_split(result so far)`` is called after each split (the CLI writes the report each time, so an
+    interrupted run leaves every depth at the splits it finished)."""
     import torch
 
     from splitinfer.models import load_model
@@ -108,8 +108,8 @@ def run_replica(cfg: ReplicaConfig, on_depth: Any = None) -> dict[str, Any]:
     loaded = load_model(cfg.model, device=cfg.device)
     taps = replica_taps(loaded, cfg.head_depths)
     runs = []
-    for depth, t in taps.items():
-        for s in range(cfg.splits):
+    for s in range(cfg.splits):  # splits outside: an interrupted run still covers every depth
+        for depth, t in taps.items():
             tr, te = token_split(t.n_tokens, cfg.test_fraction, s)
             torch.manual_seed(s)
             atk = _mlp(loaded, cfg, s).fit(t.select_tokens(tr))
@@ -124,16 +124,16 @@ def run_replica(cfg: ReplicaConfig, on_depth: Any = None) -> dict[str, Any]:
                          "top1": _top1(atk, held)})
             log.info("depth %d split %d: token split %.3f, held-out docs %.3f", depth, s, runs[-2]["top1"],
                      runs[-1]["top1"])
-        if on_depth is not None:
-            on_depth(_result(cfg, loaded, taps, runs, t0, done=[d for d in taps if d <= depth]))
-    return _result(cfg, loaded, taps, runs, t0, done=list(taps))
+        if on_split is not None:
+            on_split(_result(cfg, loaded, taps, runs, t0, splits_done=s + 1))
+    return _result(cfg, loaded, taps, runs, t0, splits_done=cfg.splits)
 
 
-def _result(cfg: ReplicaConfig, loaded: Any, taps: dict, runs: list, t0: float, done: list[int]) -> dict[str, Any]:
+def _result(cfg: ReplicaConfig, loaded: Any, taps: dict, runs: list, t0: float, splits_done: int) -> dict[str, Any]:
     import torch
 
     first = next(iter(taps.values()))
-    return {"config": {**asdict(cfg), "head_depths": done, "model_sha256": loaded.sha256,
+    return {"config": {**asdict(cfg), "splits_done": splits_done, "model_sha256": loaded.sha256,
                        "documents": len(first), "tokens": first.n_tokens, "threads": torch.get_num_threads()},
             "runs": list(runs), "seconds": round(time.perf_counter() - t0, 1)}
 
@@ -164,7 +164,9 @@ def markdown(result: dict[str, Any], git_hash: str | None, dirty: bool | None) -
         f"Model {cfg['model']} (sha256 {cfg['model_sha256'][:12]}...), {cfg['documents']} project-written documents "
         f"(`benchmarks/paper_replica_docs.py`, the seed's genre mix), {cfg['tokens']} tokens; MLP "
         f"d -> {cfg['width']} -> {cfg['width']} -> vocabulary, {cfg['epochs']} epochs, batch {cfg['batch_size']}, "
-        f"lr {cfg['lr']}; {cfg['splits']} random splits (seeds 0..{cfg['splits'] - 1}) of "
+        f"lr {cfg['lr']}; {cfg['splits_done']} random splits (seeds 0..{cfg['splits_done'] - 1}"
+        + (f", of {cfg['splits']} planned: the run was cut short" if cfg["splits_done"] < cfg["splits"] else "")
+        + f") of "
         f"{100 * cfg['test_fraction']:.0f}% test per protocol; {cfg['threads']} torch thread(s), "
         f"{result['seconds']} s. Git {git_hash}{' (dirty tree)' if dirty else ''}.", "",
         "- **seed (token positions)**: the seed paper's protocol, a random 80/20 split over the token positions "
@@ -204,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     result = run_replica(ReplicaConfig(model=args.model, splits=args.splits, epochs=args.epochs),
-                         on_depth=lambda partial: write(partial, args.out))
+                         on_split=lambda partial: write(partial, args.out))
     for path in write(result, args.out):
         print(f"wrote {path}")
     return 0

@@ -31,8 +31,9 @@ def test_replica_on_tiny_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("SPLITINFER_CACHE", str(tmp_path / "cache"))
     cfg = replace(ReplicaConfig(), model="tiny-random", head_depths=(1, 2), splits=2, epochs=1, width=32)
     calls = []
-    result = run_replica(cfg, on_depth=lambda partial: calls.append(partial["config"]["head_depths"]))
-    assert calls == [[1], [1, 2]]  # the report is rewritten after each depth
+    result = run_replica(cfg, on_split=lambda partial: calls.append((partial["config"]["splits_done"],
+                                                                     len(partial["runs"]))))
+    assert calls == [(1, 4), (2, 8)]  # the report is rewritten after each split, every depth covered
     assert len(result["runs"]) == 2 * 2 * 2
     assert {r["protocol"] for r in result["runs"]} == {"seed (token positions)", "held-out documents"}
     seed_runs = [r for r in result["runs"] if r["protocol"].startswith("seed")]
