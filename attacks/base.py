@@ -1,6 +1,8 @@
 """The inversion-attack interface (DESIGN.md §3, §4): fit on taps, invert taps, save/load without pickle.
 
-An attack recipe subclasses :class:`InversionAttack`, declares
+An attack recipe subclasses :class:`InversionAttack` (recovers tokens from
+states at one boundary) or :class:`DepthIdentifier` (reads the split depth
+from states of several depths), both subclasses of :class:`Attack`, declares
 
 - ``threat_model``: what it knows against an undefended victim (DESIGN.md
   section 4): ``white-box (exact)`` (inverts the published local layers),
@@ -15,12 +17,13 @@ An attack recipe subclasses :class:`InversionAttack`, declares
   ``prefixes``) and ``reads`` (``current``: the token whose state it sees;
   ``next``: the token generated from that state);
 - ``requires``: what it needs, from :data:`REQUIREMENTS` (``pairs``,
-  ``embedding``, ``head_weights``, ``lm_head``);
+  ``embedding``, ``head_weights``, ``tail_weights``, ``lm_head``);
 - ``boundary_side``: ``head`` (states the cloud receives), ``tail`` (states it
   returns) or ``any``;
 - ``defaults``: its hyper-parameters and their default values,
 
-implements ``_fit``, ``_invert``, ``_state`` and ``_load_state``, and is
+implements ``_fit`` and ``_invert`` (inversion) or ``fit`` and ``identify``
+(depth identification), ``_state`` and ``_load_state``, and is
 registered by name with :func:`attacks.registry.register_attack`.
 
 Checkpoints are a directory holding ``config.json`` (recipe, threat model,
