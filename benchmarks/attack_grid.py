@@ -292,8 +292,8 @@ def depth_rows(loaded: Any, cfg: GridConfig, data: GridData) -> list[dict[str, A
         for b, depth in data.depth_of.items():
             for clf in type(did).classifiers:
                 acc = did.accuracy(data.test[b], clf)
-                out.append({"attack": name, "boundary": b, "depth": depth, "classifier": clf,
-                            "threat_model": row_threat_model(did.threat_model, cfg.victim),
-                            "token_acc": acc["token_acc"], "sequence_acc": acc["sequence_acc"],
-                            "sequences": acc["sequences"]})
+                out.append(check_row({"attack": name, "boundary": b, "depth": depth, "classifier": clf,
+                                      "threat_model": row_threat_model(did.threat_model, cfg.victim),
+                                      "token_acc": acc["token_acc"], "sequence_acc": acc["sequence_acc"],
+                                      "sequences": acc["sequences"]}, cfg.victim))
     return out
