@@ -1,17 +1,29 @@
 """The inversion-attack interface (DESIGN.md §3, §4): fit on taps, invert taps, save/load without pickle.
 
-An attack recipe subclasses :class:`InversionAttack`, declares
+An attack recipe subclasses :class:`InversionAttack` (recovers tokens from
+states at one boundary) or :class:`DepthIdentifier` (reads the split depth
+from states of several depths), both subclasses of :class:`Attack`, declares
 
-- ``threat_model``: ``white-box`` (holds the local layers' weights),
-  ``shadow`` (public base weights + an auxiliary corpus: it makes its own
-  (activation, token) pairs) or ``paired`` (pairs from the deployment itself);
+- ``threat_model``: what it knows against an undefended victim (DESIGN.md
+  section 4): ``white-box (exact)`` (inverts the published local layers),
+  ``white-box (learned)`` (trains on (activation, token) pairs it makes with
+  the published weights) or ``paired`` (pairs from the deployment itself).
+  ``shadow`` is a property of a result, not of a recipe: the same learned
+  attacker against a victim whose local layers were changed privately
+  (:func:`benchmarks.attack_grid.row_threat_model`);
+- options the harness reads instead of naming recipes: ``proposer_recipe`` (another
+  recipe whose fitted top-k this one tries first, via ``set_proposer``),
+  ``scoring`` (``all`` test tokens or, for costly attacks, sequence
+  ``prefixes``) and ``reads`` (``current``: the token whose state it sees;
+  ``next``: the token generated from that state);
 - ``requires``: what it needs, from :data:`REQUIREMENTS` (``pairs``,
-  ``embedding``, ``head_weights``, ``lm_head``);
+  ``embedding``, ``head_weights``, ``tail_weights``, ``lm_head``);
 - ``boundary_side``: ``head`` (states the cloud receives), ``tail`` (states it
   returns) or ``any``;
 - ``defaults``: its hyper-parameters and their default values,
 
-implements ``_fit``, ``_invert``, ``_state`` and ``_load_state``, and is
+implements ``_fit`` and ``_invert`` (inversion) or ``fit`` and ``identify``
+(depth identification), ``_state`` and ``_load_state``, and is
 registered by name with :func:`attacks.registry.register_attack`.
 
 Checkpoints are a directory holding ``config.json`` (recipe, threat model,
@@ -40,20 +52,23 @@ from attacks.tapdata import Taps, as_taps
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Inversion", "InversionAttack", "REQUIREMENTS", "THREAT_MODELS", "CONFIG_NAME", "TENSORS_NAME"]
+__all__ = ["Attack", "DepthIdentifier", "Inversion", "InversionAttack", "REQUIREMENTS", "THREAT_MODELS", "CONFIG_NAME",
+           "TENSORS_NAME"]
 
-THREAT_MODELS = ("white-box", "shadow", "paired")
+THREAT_MODELS = ("white-box (exact)", "white-box (learned)", "shadow", "paired")
+RECIPE_THREAT_MODELS = ("white-box (exact)", "white-box (learned)", "paired")  # shadow: only a result's label
 SIDES = ("head", "tail", "any")
 REQUIREMENTS = {
-    "pairs": "(activation, token) training pairs at the same boundary (shadow run of the public base, or deployment)",
+    "pairs": "(activation, token) training pairs at the same boundary (made with the public base, or deployment)",
     "embedding": "the public base model's token-embedding matrix",
     "head_weights": "the exact weights of the local head layers (published weights)",
+    "tail_weights": "the exact weights of the local tail layers (published weights)",
     "lm_head": "the public base model's final norm and LM head",
 }
 FORMAT_VERSION = 1
 CONFIG_NAME = "config.json"
 TENSORS_NAME = "attack.safetensors"
-_WEIGHT_NEEDS = frozenset({"embedding", "head_weights", "lm_head"})
+_WEIGHT_NEEDS = frozenset({"embedding", "head_weights", "tail_weights", "lm_head"})
 
 
 @dataclass
@@ -85,14 +100,17 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
-class InversionAttack(ABC):
-    """Base class of every inversion attack (see the module docstring)."""
+class Attack(ABC):
+    """Base class of every attack recipe: hyper-parameters, model checks, save / load (see the module docstring)."""
 
     name: ClassVar[str] = ""
-    threat_model: ClassVar[str] = "shadow"
+    threat_model: ClassVar[str] = "white-box (learned)"
     requires: ClassVar[frozenset[str]] = frozenset({"pairs"})
     boundary_side: ClassVar[str] = "head"
     defaults: ClassVar[dict[str, Any]] = {}
+    proposer_recipe: ClassVar[str | None] = None
+    scoring: ClassVar[str] = "all"
+    reads: ClassVar[str] = "current"
 
     def __init__(self, *, model: Any = None, seed: int = 0, **hparams: Any):
         unknown = sorted(set(hparams) - set(self.defaults))
@@ -149,6 +167,83 @@ class InversionAttack(ABC):
             raise AttackError(f"hidden size mismatch: attack {self.name!r} expects d={d}, the taps have "
                               f"d={taps.hidden_size}")
 
+    @abstractmethod
+    def _state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(tensors, json-able config) describing the fitted attack."""
+
+    @abstractmethod
+    def _load_state(self, tensors: dict[str, Any], state: dict[str, Any]) -> None: ...
+
+    # ------------------------------------------------------------ persistence
+    def config(self) -> dict[str, Any]:
+        """The JSON config written beside the tensors."""
+        return _jsonable({"format_version": FORMAT_VERSION, "format": "splitinfer-attack", "recipe": self.name,
+                          "threat_model": self.threat_model, "requires": sorted(self.requires),
+                          "boundary_side": self.boundary_side, "hparams": self.hparams, "seed": self.seed,
+                          "meta": self.meta, "fit_report": self.fit_report})
+
+    def save(self, directory: str | Path) -> Path:
+        """Write ``config.json`` + ``attack.safetensors`` under ``directory`` (created)."""
+        import torch
+        from safetensors.torch import save_file
+
+        if not self.fitted:
+            raise AttackError(f"attack {self.name!r} is not fitted; nothing to save")
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors, state = self._state()
+        tensors = {k: (v if isinstance(v, torch.Tensor) else torch.as_tensor(np.asarray(v))).contiguous()
+                   for k, v in tensors.items()}
+        if not tensors:
+            tensors = {"_empty": torch.zeros(0)}
+        cfg = self.config()
+        cfg["state"] = _jsonable(state)
+        tmp = directory / (TENSORS_NAME + ".tmp")
+        save_file(tensors, str(tmp), metadata={"format": "splitinfer-attack", "recipe": self.name})
+        tmp.replace(directory / TENSORS_NAME)
+        (directory / CONFIG_NAME).write_text(json.dumps(cfg, indent=2, sort_keys=True), encoding="utf-8")
+        log.info("saved attack %s to %s", self.name, directory)
+        return directory
+
+    @classmethod
+    def restore(cls, directory: str | Path, cfg: dict[str, Any], model: Any = None) -> Attack:
+        """Rebuild this recipe from checkpoint ``directory`` whose :func:`read_config` is ``cfg``.
+
+        ``model``: a LoadedModel, for recipes needing weights. Use
+        :func:`attacks.registry.load_attack` to load a checkpoint of any recipe
+        (this module does not import the registry: no cycle).
+        """
+        klass = cls
+        meta = cfg.get("meta", {})
+        if model is not None and meta.get("model_sha256") and model.sha256 != meta["model_sha256"]:
+            raise AttackError(f"model mismatch: checkpoint {directory} was trained on {meta.get('model')} (sha256 "
+                              f"{meta['model_sha256'][:12]}...) but the model given is {model.spec} (sha256 "
+                              f"{model.sha256[:12]}...); load the checkpoint's model")
+        try:
+            attack = klass(model=model, seed=cfg.get("seed", 0), **cfg.get("hparams", {}))
+        except TypeError as e:
+            raise AttackError(f"checkpoint {directory} has bad hyper-parameters ({e}); retrain it") from None
+        attack.meta.update(meta)
+        attack.fit_report = dict(cfg.get("fit_report", {}))
+        try:
+            from safetensors.torch import load_file
+
+            tensors = load_file(str(Path(directory) / TENSORS_NAME))
+        except Exception as e:  # safetensors raises several types on corrupt files
+            raise AttackError(f"checkpoint {directory}/{TENSORS_NAME} is unreadable or not safetensors ({e}); "
+                              "retrain the attack or restore the file") from None
+        try:
+            attack._load_state(tensors, cfg.get("state", {}))
+        except (KeyError, RuntimeError, ValueError) as e:
+            raise AttackError(f"checkpoint {directory} does not match recipe {cfg['recipe']!r} ({e}); it is "
+                              "corrupt or from another version: retrain the attack") from None
+        attack.fitted = True
+        return attack
+
+
+class InversionAttack(Attack):
+    """An attack that recovers tokens from states at one boundary: ``fit`` on taps, ``invert`` taps."""
+
     # ------------------------------------------------------------ fit / invert
     def fit(self, train: Any, val: Any = None, *, trainer: Any = None) -> InversionAttack:
         """Fit on training taps (and optional validation taps); returns ``self``.
@@ -201,76 +296,37 @@ class InversionAttack(ABC):
     @abstractmethod
     def _invert(self, taps: Taps, k: int) -> Inversion: ...
 
-    @abstractmethod
-    def _state(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(tensors, json-able config) describing the fitted attack."""
+
+class DepthIdentifier(Attack):
+    """An attack that reads the split depth from states of unknown depth (not the tokens).
+
+    ``fit`` takes taps at two or more known depths; :meth:`identify` returns,
+    for taps of one (unknown) depth, the predicted depth per token and per
+    sequence. It is no :class:`InversionAttack`: its training data and its
+    output are of another type.
+    """
+
+    boundary_side: ClassVar[str] = "any"
+    classifiers: ClassVar[tuple[str | None, ...]] = (None,)  # the classifiers identify() offers (None: default)
 
     @abstractmethod
-    def _load_state(self, tensors: dict[str, Any], state: dict[str, Any]) -> None: ...
+    def fit(self, groups: Any, *, trainer: Any = None) -> DepthIdentifier:
+        """Fit on taps at several known depths (a list or ``{boundary: taps}``); returns ``self``."""
 
-    # ------------------------------------------------------------ persistence
-    def config(self) -> dict[str, Any]:
-        """The JSON config written beside the tensors."""
-        return _jsonable({"format_version": FORMAT_VERSION, "format": "splitinfer-attack", "recipe": self.name,
-                          "threat_model": self.threat_model, "requires": sorted(self.requires),
-                          "boundary_side": self.boundary_side, "hparams": self.hparams, "seed": self.seed,
-                          "meta": self.meta, "fit_report": self.fit_report})
+    @abstractmethod
+    def identify(self, taps: Any, classifier: str | None = None) -> dict[str, Any]:
+        """``{"depths", "token_depth" (N,), "sequence_depth" (S,), "token_logp" (N, C)}`` for ``taps``."""
 
-    def save(self, directory: str | Path) -> Path:
-        """Write ``config.json`` + ``attack.safetensors`` under ``directory`` (created)."""
-        import torch
-        from safetensors.torch import save_file
-
-        if not self.fitted:
-            raise AttackError(f"attack {self.name!r} is not fitted; nothing to save")
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        tensors, state = self._state()
-        tensors = {k: (v if isinstance(v, torch.Tensor) else torch.as_tensor(np.asarray(v))).contiguous()
-                   for k, v in tensors.items()}
-        if not tensors:
-            tensors = {"_empty": torch.zeros(0)}
-        cfg = self.config()
-        cfg["state"] = _jsonable(state)
-        tmp = directory / (TENSORS_NAME + ".tmp")
-        save_file(tensors, str(tmp), metadata={"format": "splitinfer-attack", "recipe": self.name})
-        tmp.replace(directory / TENSORS_NAME)
-        (directory / CONFIG_NAME).write_text(json.dumps(cfg, indent=2, sort_keys=True), encoding="utf-8")
-        log.info("saved attack %s to %s", self.name, directory)
-        return directory
-
-    @classmethod
-    def restore(cls, directory: str | Path, cfg: dict[str, Any], model: Any = None) -> InversionAttack:
-        """Rebuild this recipe from checkpoint ``directory`` whose :func:`read_config` is ``cfg``.
-
-        ``model``: a LoadedModel, for recipes needing weights. Use
-        :func:`attacks.registry.load_attack` to load a checkpoint of any recipe.
-        """
-        meta = cfg.get("meta", {})
-        if model is not None and meta.get("model_sha256") and model.sha256 != meta["model_sha256"]:
-            raise AttackError(f"model mismatch: checkpoint {directory} was trained on {meta.get('model')} (sha256 "
-                              f"{meta['model_sha256'][:12]}...) but the model given is {model.spec} (sha256 "
-                              f"{model.sha256[:12]}...); load the checkpoint's model")
-        try:
-            attack = cls(model=model, seed=cfg.get("seed", 0), **cfg.get("hparams", {}))
-        except TypeError as e:
-            raise AttackError(f"checkpoint {directory} has bad hyper-parameters ({e}); retrain it") from None
-        attack.meta.update(meta)
-        attack.fit_report = dict(cfg.get("fit_report", {}))
-        try:
-            from safetensors.torch import load_file
-
-            tensors = load_file(str(Path(directory) / TENSORS_NAME))
-        except Exception as e:  # safetensors raises several types on corrupt files
-            raise AttackError(f"checkpoint {directory}/{TENSORS_NAME} is unreadable or not safetensors ({e}); "
-                              "retrain the attack or restore the file") from None
-        try:
-            attack._load_state(tensors, cfg.get("state", {}))
-        except (KeyError, RuntimeError, ValueError) as e:
-            raise AttackError(f"checkpoint {directory} does not match recipe {cfg['recipe']!r} ({e}); it is "
-                              "corrupt or from another version: retrain the attack") from None
-        attack.fitted = True
-        return attack
+    def accuracy(self, taps: Any, classifier: str | None = None) -> dict[str, Any]:
+        """Token and sequence accuracy on taps whose depth is known (``taps.meta["depth"]``)."""
+        taps = as_taps(taps)
+        true = taps.meta.get("depth")
+        if true is None:
+            raise AttackError("these taps record no depth; extract them with attacks.taps.extract_depths")
+        pred = self.identify(taps, classifier)
+        return {"depth": int(true), "token_acc": float((pred["token_depth"] == true).mean()),
+                "sequence_acc": float((pred["sequence_depth"] == true).mean()), "sequences": len(taps),
+                "n_tokens": taps.n_tokens}
 
 
 def read_config(directory: str | Path) -> dict[str, Any]:

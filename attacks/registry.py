@@ -15,25 +15,27 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from attacks.base import REQUIREMENTS, SIDES, THREAT_MODELS, InversionAttack, read_config
+from attacks.base import RECIPE_THREAT_MODELS, REQUIREMENTS, SIDES, Attack, read_config
 from attacks.errors import AttackError
 
 log = logging.getLogger(__name__)
 
 __all__ = ["register_attack", "make_attack", "list_attacks", "get_attack_class", "load_attack"]
 
-_REGISTRY: dict[str, type[InversionAttack]] = {}
+_REGISTRY: dict[str, type[Attack]] = {}
 _LOADED = False
 
 
-def register_attack(name: str) -> Callable[[type[InversionAttack]], type[InversionAttack]]:
-    """Class decorator: register an :class:`InversionAttack` subclass under ``name`` (sets ``cls.name``)."""
+def register_attack(name: str) -> Callable[[type[Attack]], type[Attack]]:
+    """Class decorator: register an :class:`~attacks.base.Attack` subclass under ``name`` (sets ``cls.name``)."""
 
-    def deco(cls: type[InversionAttack]) -> type[InversionAttack]:
-        if not (isinstance(cls, type) and issubclass(cls, InversionAttack)):
-            raise AttackError(f"@register_attack({name!r}) must decorate an InversionAttack subclass, got {cls!r}")
-        if cls.threat_model not in THREAT_MODELS:
-            raise AttackError(f"attack {name!r} declares threat model {cls.threat_model!r}; use one of {THREAT_MODELS}")
+    def deco(cls: type[Attack]) -> type[Attack]:
+        if not (isinstance(cls, type) and issubclass(cls, Attack)):
+            raise AttackError(f"@register_attack({name!r}) must decorate an Attack subclass (InversionAttack or "
+                              f"DepthIdentifier), got {cls!r}")
+        if cls.threat_model not in RECIPE_THREAT_MODELS:
+            raise AttackError(f"attack {name!r} declares threat model {cls.threat_model!r}; use one of "
+                              f"{RECIPE_THREAT_MODELS} (shadow labels results against privately changed victims)")
         if cls.boundary_side not in SIDES:
             raise AttackError(f"attack {name!r} declares boundary side {cls.boundary_side!r}; use one of {SIDES}")
         bad = sorted(set(cls.requires) - set(REQUIREMENTS))
@@ -62,7 +64,7 @@ def _load_recipes() -> None:
     _LOADED = True
 
 
-def get_attack_class(name: str) -> type[InversionAttack]:
+def get_attack_class(name: str) -> type[Attack]:
     """The registered class of ``name``, or AttackError listing the known names."""
     _load_recipes()
     if name not in _REGISTRY:
@@ -71,7 +73,7 @@ def get_attack_class(name: str) -> type[InversionAttack]:
     return _REGISTRY[name]
 
 
-def make_attack(name: str, **kwargs: Any) -> InversionAttack:
+def make_attack(name: str, **kwargs: Any) -> Attack:
     """Build the attack ``name`` (kwargs: ``model=``, ``seed=`` and the recipe's hyper-parameters)."""
     return get_attack_class(name)(**kwargs)
 
@@ -82,8 +84,8 @@ def list_attacks() -> list[dict[str, Any]]:
     return [_REGISTRY[n].describe() for n in sorted(_REGISTRY)]
 
 
-def load_attack(directory: str | Path, model: Any = None) -> InversionAttack:
-    """Load any attack checkpoint written by :meth:`InversionAttack.save` (``model``: a LoadedModel, for recipes
+def load_attack(directory: str | Path, model: Any = None) -> Attack:
+    """Load any attack checkpoint written by :meth:`Attack.save` (``model``: a LoadedModel, for recipes
     needing weights; its sha256 must match the checkpoint's)."""
     cfg = read_config(directory)
     return get_attack_class(cfg["recipe"]).restore(directory, cfg, model=model)

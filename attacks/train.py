@@ -43,6 +43,7 @@ def _val_split_ok(corpora: list[str]) -> bool:
 
 
 def cmd_train(args) -> int:
+    from attacks.base import DepthIdentifier
     from attacks.registry import get_attack_class
     from attacks.taps import extract_corpora, parse_corpora
     from attacks.trainer import TrainConfig, get_accelerator
@@ -55,7 +56,8 @@ def cmd_train(args) -> int:
     corpora = parse_corpora(args.corpus)
     boundaries = args.boundary
     where = ",".join(map(str, boundaries))
-    if len(boundaries) > 1 and klass.name != "depth-id":
+    depth_id = issubclass(klass, DepthIdentifier)
+    if len(boundaries) > 1 and not depth_id:
         raise AttackError(f"attack {klass.name!r} trains at one boundary; got {len(boundaries)}: {where}")
     out = Path(args.out)
     acc = get_accelerator()
@@ -77,7 +79,7 @@ def cmd_train(args) -> int:
     attack = klass(model=loaded, seed=model.seed, **hparams)
     trainer = TrainConfig(checkpoint_dir=str(out / "checkpoints"), resume=not args.no_resume,
                           progress=main and not args.json)
-    if klass.name == "depth-id":
+    if depth_id:
         attack.fit(list(train.values()), trainer=trainer)
     else:
         key = str(boundaries[0])
@@ -97,7 +99,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from attacks.base import read_config
+    from attacks.base import DepthIdentifier, read_config
     from attacks.evaluate import collect, flat_report, prior_tokens
     from attacks.metrics.baselines import prior_from_json
     from attacks.predictions import write_predictions
@@ -128,16 +130,21 @@ def cmd_eval(args) -> int:
     taps = as_taps(sets)
     extra = {"attack": attack.name, "threat_model": attack.threat_model, "boundary": str(b), "model": loaded.spec,
              "model_sha256": loaded.sha256, "corpus": corpora, "split": split, "attacker": str(args.attacker)}
-    if attack.name == "depth-id":
-        pred = attack.identify(taps)
-        true = taps.meta.get("depth")
-        report = {"depth": true, "depth_token_acc": float((pred["token_depth"] == true).mean()),
-                  "depth_sequence_acc": float((pred["sequence_depth"] == true).mean()),
-                  "n_tokens": taps.n_tokens, "n_sequences": len(taps), **extra}
-        print(f"depth-id on {b} (depth {true}): token acc {report['depth_token_acc']:.3f}, "
+    if isinstance(attack, DepthIdentifier):
+        acc = attack.accuracy(taps)
+        true = acc["depth"]
+        report = {"depth": true, "depth_token_acc": acc["token_acc"], "depth_sequence_acc": acc["sequence_acc"],
+                  "n_tokens": acc["n_tokens"], "n_sequences": acc["sequences"], **extra}
+        print(f"{attack.name} on {b} (depth {true}): token acc {report['depth_token_acc']:.3f}, "
               f"sequence acc {report['depth_sequence_acc']:.3f}")
     else:
         inv = attack.invert(taps)
+        if attack.reads == "next":  # its guess at row t is token t+1: score it against the following tokens
+            from attacks.base import Inversion
+            from attacks.recipes._common import next_token_rows
+
+            rows, taps = next_token_rows(taps)
+            inv = Inversion(inv.tokens[rows], inv.topk[rows], inv.scores[rows], inv.info)
         prior = prior_from_json(meta["token_prior"]) if meta.get("token_prior") else None
         pred = collect(inv, taps, vocab_size=int(loaded.config.vocab_size), prior=prior, meta=extra,
                        train_token_ids=prior_tokens(meta["unigram_top"]) if meta.get("unigram_top") else None)

@@ -59,7 +59,7 @@ def _targets(rows: list[dict], heads: list[str]) -> list[str]:
         verdict = "above all (paired bootstrap)" if beats else "NOT significantly above all (paired bootstrap)"
         out.append(f"- head depth 8: seq-decoder {_cell(sd)}; difference in top-1 points [95% CI] "
                    f"{'; '.join(parts)}: **{verdict}**.")
-    learned = [r for r in rows if r["attack"] in LEARNED and r["boundary"].startswith("head")]
+    learned = [r for r in rows if r["attack"] in LEARNED and r["boundary"].startswith("head")]  # seed: head depth 8
     if learned:
         low = min(learned, key=lambda r: r["metrics"]["token_acc_top1"]["ci_low"] or 0.0)
         ok = (low["metrics"]["token_acc_top1"]["ci_low"] or 0.0) > SEED_BEST_DEEP
@@ -77,7 +77,9 @@ def markdown(study: dict[str, Any]) -> str:
     head_attacks = [a for a in dict.fromkeys(r["attack"] for r in rows) if any(
         r["attack"] == a and r["boundary"].startswith("head") for r in rows)]
     tail_attacks = [a for a in dict.fromkeys(r["attack"] for r in rows) if any(
-        r["attack"] == a and r["boundary"].startswith("tail") for r in rows)]
+        r["attack"] == a and r["boundary"].startswith("tail") and r.get("leaks", "output") == "output" for r in rows)]
+    tail_input = [a for a in dict.fromkeys(r["attack"] for r in rows) if any(
+        r["attack"] == a and r["boundary"].startswith("tail") and r.get("leaks") == "input" for r in rows)]
     s = [f"# Inversion attacks per split depth: {cfg['model']} ({cfg['num_layers']} layers)", "",
          f"Sizes: {cfg['train_tokens']} train / {cfg['val_tokens']} val / {cfg['test_tokens']} test tokens per corpus "
          f"({', '.join(cfg['corpora'])}; {cfg['train_tokens_total']} / {cfg['val_tokens_total']} / "
@@ -95,8 +97,10 @@ def markdown(study: dict[str, Any]) -> str:
          + ". Teacher-forced fp16 states of held-out documents "
          "(document-level splits, corpora de-duplicated by normalised text); values are % of tokens.", "",
          SCOPE, "",
-         "Threat models: white-box = holds the local layers' published weights; shadow = trains on its own "
-         "(activation, token) pairs made with the public model on an auxiliary corpus.", "", "## Targets", ""]
+         "Threat models (DESIGN.md section 4): white-box (exact) = inverts the published local layers or runs the "
+         "published tail; white-box (learned) = trains on its own (state, token) pairs made with the published "
+         "weights. Every victim in this study runs the published weights, so no result is shadow (shadow needs a "
+         "victim whose local layers were changed privately).", "", "## Targets", ""]
     s += _targets(rows, heads) + [""]
     base = next((r["metrics"] for r in rows if r["boundary"] == heads[0] and r["attack"] != "vocab-match"), {})
     if base:
@@ -111,11 +115,20 @@ def markdown(study: dict[str, Any]) -> str:
                           ("lift_exact_match", "Exact match lift over the strongest baseline")):
         if any(metric in r["metrics"] for r in rows):
             s += [f"## {title}, head boundary (prompt)", "", _grid(rows, heads, metric, head_attacks), ""]
-    if tails:
-        s += ["## Output side (states the body returns): token accuracy @1", "",
-              "output-probe:next guesses token t from the state at t-1 (the natural target: the next token), "
-              ":current from the state at t, :both combines them.", "",
+    if tails and tail_attacks:
+        scored = sorted({r.get("scored_on", "teacher-forced") for r in rows if r["attack"] in tail_attacks})
+        s += ["## Output side (states the body returns): generated tokens recovered, accuracy @1", "",
+              "Each attacker guesses, from the state the body returns at a position, the token the user's tail "
+              f"generates from it; scored on {' and '.join(scored)} traffic"
+              + (f" (up to {cfg.get('wire_tokens')} generated tokens per corpus of real split generation, "
+                 "speculative drafts included; learned attackers trained on teacher-forced taps)"
+                 if "wire" in scored else "") + ".", "",
               _grid(rows, tails, "token_acc_top1", tail_attacks), ""]
+    if tails and tail_input:
+        s += ["## Input side read from the states the body returns: token accuracy @1", "",
+              "output-probe:current guesses the token the body received at each position from the state it "
+              "returns there: prompt leakage, scored on teacher-forced test documents.", "",
+              _grid(rows, tails, "token_acc_top1", tail_input), ""]
     seed_rows = {r["boundary"]: r for r in rows if r["attack"] == "mlp-seed"}
     proper = {r["boundary"]: r for r in rows if r["attack"] == "mlp"}
     if seed_rows:
@@ -126,7 +139,8 @@ def markdown(study: dict[str, Any]) -> str:
         s += ["## The seed's MLP protocol beside the proper one", "",
               "Seed protocol: about 880 pairs, random token-level split (its own test split shares documents and "
               "token types with training); proper: all training tokens, held-out documents. The seed paper reported "
-              "58.8% / 44.3% / 34.8% after layers 1 / 3 / 7 of Mistral-7B.", "",
+              "58.8% / 44.3% / 34.8% after layers 1 / 3 / 7 of Mistral-7B (the outputs of layers[1], [3], [7]: head "
+              "depth 2, 4, 8; the full replica of its protocol is in reports/paper_replica/).", "",
               _table(["boundary", "seed protocol, its own split", "seed-protocol model, held-out docs",
                       "proper protocol, held-out docs"], lines), ""]
     vm = [r for r in rows if r["attack"] == "vocab-match"]
@@ -134,12 +148,12 @@ def markdown(study: dict[str, Any]) -> str:
         lines = [[r["boundary"], _cell(r["metrics"]["token_acc_top1"]), f"{r['seconds_per_token']:.3f}",
                   f"{100 * r['info'].get('accepted_rate', 0):.1f}", f"{r['info'].get('mean_candidates', 0):.0f}",
                   f"{100 * r['info'].get('gradient_search_rate', 0):.1f}", str(r["test_tokens"])] for r in vm]
-        s += ["## vocab-match (white-box)", "", _table(["boundary", "top-1", "s/token", "accepted %",
+        s += ["## vocab-match (white-box, exact)", "", _table(["boundary", "top-1", "s/token", "accepted %",
                                                          "candidates/token", "gradient search %", "tokens"], lines), ""]
     pii = sorted({k[len("pii_recovery_"):] for r in rows for k in r["metrics"] if k.startswith("pii_recovery_")})
     if pii:
         s += ["## PII spans recovered character-exactly (% of spans [95% CI], n spans, pooled test set)", ""]
-        for a in head_attacks + tail_attacks:
+        for a in head_attacks + tail_attacks + tail_input:
             bs = [b for b in heads + tails if any(r["attack"] == a and r["boundary"] == b for r in rows)]
             by = {r["boundary"]: r for r in rows if r["attack"] == a}
             lines = [[t] + [pii_cell(by[b]["metrics"].get(f"pii_recovery_{t}")) for b in bs]

@@ -162,7 +162,8 @@ def write_report(results: dict, out_dir: str | Path) -> Path:
     for side, title in (("head", "Prompt recovery from the states the cloud receives"),
                         ("tail", "Output recovery from the states the cloud returns")):
         rows = [{"attack": r["attack"], "depth": r["depth"], **r["metrics"]["token_acc_top1"]}
-                for r in attack_rows if r["side"] == side and r["corpus"] == "all"]
+                for r in attack_rows if r["side"] == side and r["corpus"] == "all"
+                and (side == "head" or r.get("leaks", "output") == "output")]  # :current leaks the input
         figs.append((title, plots.plot_recovery_vs_depth(rows, att.get("baselines", {}),
                                                           out / f"recovery_{side}.png", title)))
     pii_rows = att.get("pii_rows", [])

@@ -109,6 +109,9 @@ class AttacksConfig(StageConfig):
     max_length: int | None = None
     options: dict | None = None
     seed_protocol: bool | None = None
+    wire_tokens: int | None = None  # output side: generated tokens per corpus scored on wire taps
+    val_tokens: int | None = None
+    defense: str | None = None
 
 
 @dataclass(frozen=True)

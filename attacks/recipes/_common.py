@@ -275,3 +275,16 @@ class TokenClassifier(InversionAttack):
         self.module = self._build(int(state["d_in"]), int(state["n_classes"]) + int(self.unk))
         self.module.load_state_dict({k[7:]: v for k, v in tensors.items() if k.startswith("module.")}, strict=True)
         self.module.to(self._device()).eval()
+
+
+def next_token_rows(taps: Taps) -> tuple[np.ndarray, Taps]:
+    """Rows of ``taps`` followed by a token in their sequence, and those following tokens as one-token taps.
+
+    An attacker that ``reads`` ``next`` guesses at row t the token t+1; score its guesses at the returned rows
+    against the returned taps (their token ids, offsets and documents are those of the following tokens).
+    """
+    rows = np.flatnonzero(taps.next_token_ids() >= 0)
+    if rows.size == 0:
+        raise AttackError("no token of these taps is followed by another in its sequence: nothing to score for a "
+                          "next-token attacker; give sequences of 2 or more tokens")
+    return rows, taps.select_tokens(rows + 1)

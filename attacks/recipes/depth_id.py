@@ -16,10 +16,11 @@ the depth is usually easy to read off. Two classifiers, both reported:
   no normalisation layer, which would erase the scale the depth shows in).
 
 Per sequence, token log-probabilities are summed (the cloud sees a whole
-prompt at one depth). ``fit`` takes taps at several known depths (a list or
-``{boundary: taps}``); :meth:`DepthId.identify` returns token- and
-sequence-level predictions; :meth:`invert` returns an :class:`Inversion`
-whose "tokens" are predicted depths (ranked depths in ``topk``). The fitted
+prompt at one depth). It implements :class:`attacks.base.DepthIdentifier`
+(not an inversion attack): ``fit`` takes taps at several known depths (a list
+or ``{boundary: taps}``); :meth:`DepthId.identify` returns token- and
+sequence-level predictions, :meth:`~attacks.base.DepthIdentifier.accuracy`
+scores them against taps of known depth. The fitted
 scikit-learn model is stored as plain arrays (no pickle) and applied with numpy.
 """
 
@@ -32,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from attacks.base import Inversion, InversionAttack
+from attacks.base import DepthIdentifier
 from attacks.errors import AttackError
 from attacks.recipes._common import fit_standardizer, standardize
 from attacks.registry import register_attack
@@ -60,12 +61,13 @@ def token_stats(hidden: np.ndarray, positions: np.ndarray, dims: np.ndarray) -> 
 
 
 @register_attack("depth-id")
-class DepthId(InversionAttack):
+class DepthId(DepthIdentifier):
     """Identify the split depth of activations (per token and per sequence): stats + logistic regression, raw MLP."""
 
-    threat_model = "shadow"
+    threat_model = "white-box (learned)"
     requires = frozenset({"pairs"})
     boundary_side = "any"
+    classifiers = ("stats", "raw")
     defaults = {"classifier": "raw", "n_outlier_dims": 8, "C": 1.0, "hidden": 256, "epochs": 4, "lr": 1e-3,
                 "batch_size": 256, "max_tokens_per_depth": 20000}
 
@@ -78,9 +80,13 @@ class DepthId(InversionAttack):
         self.net: nn.Module | None = None
 
     # ------------------------------------------------------------ fit
-    def fit(self, train: Any, val: Any = None, *, trainer: Any = None) -> DepthId:
-        """``train``: taps at several known depths (list, tuple or {boundary: taps}); ``val`` likewise (optional)."""
-        groups = [as_taps(t) for t in (train.values() if isinstance(train, dict) else train)]
+    def fit(self, groups: Any, *, trainer: Any = None) -> DepthId:
+        """``groups``: taps at several known depths (list, tuple or {boundary: taps})."""
+        if isinstance(groups, dict):
+            groups = list(groups.values())
+        if not isinstance(groups, (list, tuple)):
+            raise AttackError("depth-id is fitted on taps at several known depths: fit([taps_a, taps_b, ...])")
+        groups = [as_taps(t) for t in groups]
         depths = [t.meta.get("depth") for t in groups]
         if len(groups) < 2 or None in depths or len(set(depths)) != len(depths):
             raise AttackError(f"depth-id needs taps at two or more distinct known depths, got depths {depths}; pass "
@@ -121,9 +127,6 @@ class DepthId(InversionAttack):
                                train_token_acc_stats=float((self._logp_stats(feats).argmax(1) == y).mean()))
         return self
 
-    def _fit(self, train: Taps, val: Taps | None, trainer: Any) -> None:  # pragma: no cover - fit() is overridden
-        raise AttackError("depth-id is fitted on taps at several depths: call fit([taps_a, taps_b, ...])")
-
     def _build(self, d_in: int, n_classes: int) -> nn.Module:
         h = int(self.hparams["hidden"])
         return nn.Sequential(nn.Linear(d_in, h), nn.GELU(), nn.Linear(h, n_classes))  # no LayerNorm: keep the scale
@@ -157,15 +160,6 @@ class DepthId(InversionAttack):
         seq = np.stack([logp[rows].sum(0) for _, rows in taps.sequences()])  # (S, C)
         return {"depths": self.depths.tolist(), "token_depth": self.depths[logp.argmax(1)],
                 "sequence_depth": self.depths[seq.argmax(1)], "token_logp": logp}
-
-    def _invert(self, taps: Taps, k: int) -> Inversion:
-        logp = self.token_logp(taps)
-        order = np.argsort(-logp, axis=1)[:, :k]  # (N, k')
-        topk, scores = self.depths[order], np.take_along_axis(logp, order, 1)
-        if topk.shape[1] < k:
-            topk = np.concatenate([topk, np.repeat(topk[:, :1], k - topk.shape[1], 1)], 1)
-            scores = np.concatenate([scores, np.full((len(scores), k - scores.shape[1]), -1e9)], 1)
-        return Inversion(topk[:, 0], topk, scores, {"what": "predicted split depth per position"})
 
     # ------------------------------------------------------------ persistence
     def _state(self) -> tuple[dict[str, Any], dict[str, Any]]:

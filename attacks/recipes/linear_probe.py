@@ -40,7 +40,7 @@ _DECODE_CHUNK = 512  # rows per nearest-neighbour chunk: (512, V) scores
 class LinearProbe(TokenClassifier):
     """Linear softmax probe hidden -> token (restricted training vocabulary, scored as full-vocabulary ids)."""
 
-    threat_model = "shadow"
+    threat_model = "white-box (learned)"
     requires = frozenset({"pairs"})
     boundary_side = "head"
     defaults = {**TokenClassifier.defaults, "epochs": 8, "lr": 3e-3, "batch_size": 256, "weight_decay": 1e-5}
@@ -58,7 +58,7 @@ def embedding_matrix(model: Any) -> torch.Tensor:
 class LinearEmbed(InversionAttack):
     """Closed-form ridge map hidden -> input embedding, decoded by nearest neighbour over the full vocabulary."""
 
-    threat_model = "shadow"
+    threat_model = "white-box (learned)"
     requires = frozenset({"pairs", "embedding"})
     boundary_side = "head"
     defaults = {"alphas": [1e-3, 1e-2, 1e-1, 1.0], "metric": "auto", "val_tokens": 1000, "clip": 10.0}

@@ -50,7 +50,7 @@ def seed_mlp(d_in: int, n_classes: int, width: int = 2048, dropout: float = 0.1)
 class MLPProbe(TokenClassifier):
     """The seed's 3-layer MLP decoder (hidden -> 2048 -> 2048 -> vocab); protocol 'proper' or 'seed'."""
 
-    threat_model = "shadow"
+    threat_model = "white-box (learned)"
     requires = frozenset({"pairs"})
     boundary_side = "head"
     defaults = {**TokenClassifier.defaults, "epochs": 6, "lr": 1e-3, "batch_size": 128, "weight_decay": 1e-4,

@@ -9,17 +9,20 @@ attack: a linear probe (or an MLP, ``hidden > 0``) with two softmax heads over
 the training vocabulary, one for the current token t and one for the next
 token t+1, trained jointly on (state, token) pairs.
 
-:meth:`OutputProbe.invert` returns guesses aligned with the tokens (position t
-guesses token t) in one of three modes (``target``):
+:meth:`OutputProbe.invert` (the base class's, no extra argument) returns one
+guess per row, chosen by the hyper-parameter ``target``:
 
-- ``current``: token t from the state at t (what the state still holds of its input);
-- ``next``: token t from the state at t-1 (the natural target: during
-  generation the cloud sees the state at t-1 before the user sees token t);
-- ``both`` (default): w * log p_next(token t | state t-1) + log p_cur(token t | state t),
-  with w chosen on validation data from (1, 0.5, 0.25, 0) (1 without validation data).
+- ``next`` (default): the token generated from the state at that row (token
+  t+1 from the state at t): what the local tail is about to sample, the
+  output-side leakage. :attr:`reads` is ``next``: the harness scores it against
+  the following token (teacher-forced) or the generated token (wire taps);
+- ``current``: the token at that row (token t from the state at t): the token
+  the body *received* at that position, i.e. input-side leakage read from
+  output states; the harness reports it on the input side.
 
-The first position of each sequence has no previous state; ``next`` and
-``both`` fall back to the current head there (counted in ``info``).
+The former ``both`` (a validation-weighted mix) is gone: validation chose
+next-token weight 0, so it equalled ``current``.
+
 Deviation: the softmax covers the training vocabulary only (see
 :mod:`attacks.recipes._common`).
 """
@@ -32,36 +35,35 @@ import numpy as np
 import torch
 from torch import nn
 
-from attacks.base import Inversion
 from attacks.errors import AttackError
 from attacks.recipes._common import IGNORE, TokenClassifier
 from attacks.registry import register_attack
 from attacks.tapdata import Taps
 
-TARGETS = ("both", "next", "current")
-NEXT_WEIGHTS = (1.0, 0.5, 0.25, 0.0)
+TARGETS = ("next", "current")
 
 
 @register_attack("output-probe")
 class OutputProbe(TokenClassifier):
-    """Probe on body-output states with a current-token and a next-token head; target 'both', 'next' or 'current'."""
+    """Probe on body-output states with a current-token and a next-token head; target 'next' or 'current'."""
 
-    threat_model = "shadow"
+    threat_model = "white-box (learned)"
     requires = frozenset({"pairs"})
     boundary_side = "tail"
     n_heads = 2  # head 0: current token, head 1: next token
     defaults = {**TokenClassifier.defaults, "epochs": 8, "lr": 3e-3, "batch_size": 256, "weight_decay": 1e-5,
-                "hidden": 0, "target": "both"}
+                "hidden": 0, "target": "next"}
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
-        self._check_target(self.hparams["target"])
+        if self.hparams["target"] not in TARGETS:
+            raise AttackError(f"output-probe target={self.hparams['target']!r}; choose one of {', '.join(TARGETS)} "
+                              "('both' was removed: it equalled 'current')")
 
-    @staticmethod
-    def _check_target(target: str) -> str:
-        if target not in TARGETS:
-            raise AttackError(f"output-probe target={target!r}; choose one of {', '.join(TARGETS)}")
-        return target
+    @property
+    def reads(self) -> str:  # type: ignore[override]
+        """``next`` (output-side leakage) or ``current`` (input-side leakage), per ``target``."""
+        return str(self.hparams["target"])
 
     def _build(self, d_in: int, n_classes: int) -> nn.Module:
         h = int(self.hparams["hidden"])
@@ -73,47 +75,4 @@ class OutputProbe(TokenClassifier):
         return np.stack([taps.token_ids, taps.next_token_ids(IGNORE)], axis=1)  # (N, 2)
 
     def _combine(self, logp: torch.Tensor, taps: Taps) -> torch.Tensor:
-        target = self._mode
-        cur = logp[:, 0]  # (N, V_r): token t from state t
-        self._fallbacks = 0
-        if target == "current":
-            return cur
-        first = torch.from_numpy(taps.seq_starts()[:-1])  # (S,) first row of each sequence
-        self._fallbacks = int(len(first))
-        nxt = torch.empty_like(cur)
-        nxt[1:] = logp[:-1, 1]  # token t from state t-1
-        nxt[first] = 0.0
-        out = nxt if target == "next" else self.next_weight * nxt + cur
-        out[first] = cur[first]
-        return out
-
-    def _fit(self, train: Taps, val: Taps | None, trainer: Any) -> None:
-        super()._fit(train, val, trainer)
-        if val is None:
-            return
-        logp, grid = self._logp(val), {}  # choose the weight of the next-token evidence in 'both' on val
-        for w in NEXT_WEIGHTS:
-            self.next_weight, self._mode = w, "both"
-            pred = self.vocab[self._combine(logp, val).argmax(1).numpy()]
-            grid[w] = float((pred == val.token_ids).mean())
-        self.next_weight = max(NEXT_WEIGHTS, key=lambda w: (grid[w], -NEXT_WEIGHTS.index(w)))
-        self.fit_report.update(next_weight=self.next_weight, next_weight_val_top1={str(k): v for k, v in grid.items()})
-
-    def _state(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        tensors, state = super()._state()
-        return tensors, {**state, "next_weight": self.next_weight}
-
-    def _load_state(self, tensors: dict[str, Any], state: dict[str, Any]) -> None:
-        super()._load_state(tensors, state)
-        self.next_weight = float(state.get("next_weight", 1.0))
-
-    def invert(self, taps: Any, k: int = 5, target: str | None = None) -> Inversion:
-        """As :meth:`InversionAttack.invert`, with ``target`` overriding the hyper-parameter for this call."""
-        self._mode = self._check_target(target or self.hparams["target"])
-        inv = super().invert(taps, k)
-        inv.info.update(target=self._mode, first_position_fallbacks=self._fallbacks)
-        return inv
-
-    _mode = "both"
-    _fallbacks = 0
-    next_weight = 1.0
+        return logp[:, 1 if self.hparams["target"] == "next" else 0]  # (N, V_r): head 1 next, head 0 current

@@ -65,7 +65,7 @@ class SeqDecoderNet(nn.Module):
 class SeqDecoder(TokenClassifier):
     """Bidirectional transformer over the whole activation sequence, predicting every token from context."""
 
-    threat_model = "shadow"
+    threat_model = "white-box (learned)"
     requires = frozenset({"pairs"})
     boundary_side = "head"
     sequence_level = True

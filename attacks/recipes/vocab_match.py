@@ -119,9 +119,11 @@ class _PrefixCache:
 class VocabMatch(InversionAttack):
     """White-box exact inversion: match each observed state against the head's output for candidate tokens."""
 
-    threat_model = "white-box"
+    threat_model = "white-box (exact)"
     requires = frozenset({"head_weights"})
     boundary_side = "head"
+    proposer_recipe = "linear-probe"  # the harness fits this recipe on the same boundary and passes it to set_proposer
+    scoring = "prefixes"  # seconds per token on CPU: scored on sequence prefixes (scoring_subset)
     defaults = {"tol": 5e-3, "batch_sizes": [8, 64], "max_batch": 512, "max_candidates": None,
                 "proposer": "linear-embed", "proposer_tokens": 20000, "random_tokens": 8192, "grad_steps": 100,
                 "grad_check": 5, "grad_topk": 16, "grad_lr": 0.15}

@@ -31,11 +31,27 @@ def fitted(tmp_path_factory):
 
 def test_registry_lists_every_recipe_with_threat_model() -> None:
     rows = {r["name"]: r for r in list_attacks()}
-    expected = {"linear-probe", "linear-embed", "mlp", "seq-decoder", "vocab-match", "output-probe", "depth-id"}
+    expected = {"linear-probe", "linear-embed", "mlp", "seq-decoder", "vocab-match", "output-probe", "depth-id",
+                "tail-logits"}
     assert expected <= set(rows)
-    assert rows["vocab-match"]["threat_model"] == "white-box" and rows["vocab-match"]["requires"] == ["head_weights"]
+    assert rows["vocab-match"]["threat_model"] == "white-box (exact)"
+    assert rows["vocab-match"]["requires"] == ["head_weights"]
     assert rows["output-probe"]["boundary_side"] == "tail"
-    assert all(r["threat_model"] in ("white-box", "shadow", "paired") for r in rows.values())
+    # DESIGN.md section 4: against the undefended (published-weights) victim every recipe is white-box;
+    # no recipe declares shadow, which only labels results against a privately changed victim
+    learned = ("linear-probe", "linear-embed", "mlp", "seq-decoder", "output-probe", "depth-id")
+    assert all(rows[n]["threat_model"] == "white-box (learned)" for n in learned)
+    assert all(r["threat_model"] in ("white-box (exact)", "white-box (learned)", "paired") for r in rows.values())
+
+
+def test_a_recipe_cannot_declare_shadow() -> None:
+    from attacks.registry import register_attack
+
+    class Shadowy(InversionAttack):
+        threat_model = "shadow"
+
+    with pytest.raises(AttackError, match="shadow labels results"):
+        register_attack("shadowy")(Shadowy)
 
 
 def test_unknown_attack_and_hparam_are_clear_errors() -> None:

@@ -93,3 +93,14 @@ def test_depth_id_train_and_eval(tmp_path: Path, corpus: str, capsys) -> None:
     assert report["depth"] == 4 and 0.0 <= report["depth_token_acc"] <= 1.0 and report["attack"] == "depth-id"
     assert main(["attack", "eval", "--attacker", str(out), "--corpus", corpus]) == 2
     assert "pass --boundary" in capsys.readouterr().err
+
+
+def test_eval_scores_a_next_token_attacker_against_the_following_tokens(tmp_path: Path, corpus: str, capsys) -> None:
+    """Regression: `attack eval` compared output-probe's next-token guesses with the tokens at the same rows."""
+    out = tmp_path / "op"
+    assert main(["attack", "train", "--attack", "output-probe", "--model", "tiny-random", "--boundary", "tail:2",
+                 "--corpus", corpus, "--max-tokens", "400", "--out", str(out), "--hparam", "epochs=1"]) == 0
+    assert main(["attack", "eval", "--attacker", str(out), "--corpus", corpus, "--max-tokens", "200",
+                 "--json"]) == 0
+    report = last_json(capsys)
+    assert report["attack"] == "output-probe" and report["n_tokens"] < 200  # the last token of a sequence: no target

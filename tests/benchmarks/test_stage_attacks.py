@@ -31,3 +31,30 @@ def test_vocab_match_in_the_suite_recovers_every_scored_token(tmp_path: Path,
     assert vm["metrics"]["token_acc_top1"]["value"] == 1.0
     assert vm["info"]["accepted_rate"] == 1.0
     assert cfg["options"]["vocab-match"]["scored_tokens"] == 40  # the suite's own config is not consumed
+
+
+def test_no_shadow_result_without_a_privately_changed_victim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 14 item 4: learned attackers trained on public-model pairs against the published weights were labelled
+    shadow; they are white-box (learned), and a shadow row needs a victim with private local layers."""
+    from attacks.errors import AttackError
+    from benchmarks.attack_grid import Victim, check_row, row_threat_model
+
+    monkeypatch.setenv("SPLITINFER_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "docs.jsonl"
+    path.write_text("\n".join(json.dumps({"doc_id": f"d{i}", "text": f"Note {i}: the fox jumps {i * 31} times."})
+                              for i in range(40)), encoding="utf-8")
+    cfg = {"head_depths": [2], "tail_depths": [2], "attacks": ["linear-probe", "output-probe", "tail-logits"],
+           "corpora": [f"file:{path}"], "train_tokens": 600, "test_tokens": 200, "max_length": 32, "wire_tokens": 16,
+           "options": {"linear-probe": {"epochs": 1, "batch_size": 32}, "output-probe": {"epochs": 1}}}
+    results = {"config": {"seed": 0}, "results": {}}
+    out = stage_attacks(load_model("tiny-random"), cfg, results)
+    labels = {(r["attack"], r["threat_model"]) for r in out["rows"]}
+    assert labels == {("linear-probe", "white-box (learned)"), ("output-probe", "white-box (learned)"),
+                      ("tail-logits", "white-box (exact)")}
+    assert "no result is shadow" in out["note"]
+    wire = [r for r in out["rows"] if r["attack"] == "tail-logits" and r["corpus"] == "all"]
+    assert wire[0]["scored_on"] == "wire" and 0 < wire[0]["test_tokens"] <= 16
+    assert "attacks/tail-logits/tail:2" in results["results"]
+    assert row_threat_model("white-box (learned)", Victim("lora-random", private_local_layers=True)) == "shadow"
+    with pytest.raises(AttackError, match="labelled shadow but the victim"):
+        check_row({"attack": "mlp", "boundary": "head:2", "threat_model": "shadow"}, Victim())

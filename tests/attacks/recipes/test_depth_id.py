@@ -28,11 +28,20 @@ def test_depth_id_on_synthetic_scales(tmp_path) -> None:
             assert (pred["sequence_depth"] == depth).mean() == 1.0
             assert (pred["token_depth"] == depth).mean() > (0.9 if clf == "stats" else 0.6)
     t = synthetic_depths(1)[1]
-    inv = attack.invert(t, k=3)
-    assert set(inv.topk[0].tolist()) == {1, 2, 4}
+    acc = attack.accuracy(t, "stats")
+    assert acc["depth"] == 2 and acc["sequence_acc"] == 1.0 and acc["n_tokens"] == t.n_tokens
     again = load_attack(attack.save(tmp_path / "did"))
-    assert np.array_equal(again.invert(t, k=3).topk, inv.topk)
+    assert np.array_equal(again.identify(t)["token_depth"], attack.identify(t)["token_depth"])
     assert np.allclose(again.token_logp(t, "stats"), attack.token_logp(t, "stats"))
+
+
+def test_depth_id_is_its_own_interface() -> None:
+    """Regression (issue 17 item 6): depth-id used to be an InversionAttack whose fit took another argument type."""
+    from attacks.base import DepthIdentifier, InversionAttack
+
+    attack = make_attack("depth-id")
+    assert isinstance(attack, DepthIdentifier) and not isinstance(attack, InversionAttack)
+    assert not hasattr(attack, "invert")
 
 
 def test_depth_id_on_tiny_model_states(tiny, tmp_path, monkeypatch) -> None:

@@ -1,0 +1,48 @@
+"""The attack grid: job planning from recipe class attributes, threat labels, and no caller naming a recipe."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from attacks.errors import AttackError
+from attacks.registry import list_attacks
+from benchmarks.attack_grid import ALIASES, GridConfig, Victim, check_row, plan, row_threat_model
+
+ROOT = Path(__file__).resolve().parents[2]
+CALLERS = ("benchmarks/attack_grid.py", "benchmarks/attack_wire.py", "benchmarks/stage_attacks.py",
+           "benchmarks/attacks_depth.py", "benchmarks/attacks_depth_cli.py", "attacks/train.py", "attacks/cli.py")
+
+
+def test_no_caller_branches_on_a_recipe_name() -> None:
+    """Issue 17 item 6: callers compared attack names ("vocab-match", "depth-id", "output-probe") to pick a code
+    path; options are class attributes (proposer_recipe, scoring, reads, DepthIdentifier) now."""
+    names = {r["name"] for r in list_attacks()} | set(ALIASES)
+    found = []
+    for rel in CALLERS:
+        for node in ast.walk(ast.parse((ROOT / rel).read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Compare):
+                consts = [c.value for c in [node.left, *node.comparators] if isinstance(c, ast.Constant)]
+                found += [f"{rel}:{node.lineno} {v}" for v in consts if v in names]
+    assert not found, found
+
+
+def test_plan_reads_the_recipe_classes() -> None:
+    cfg = GridConfig(head_depths=(1, 2), tail_layers=(2,), attacks=("vocab-match", "linear-probe", "output-probe",
+                                                                    "tail-logits", "depth-id"), prefix_depths=(2,))
+    depth_of = {"head:1": 1, "head:2": 2, "tail:2": 4}
+    jobs = [(j.name, j.boundary) for j in plan(cfg, depth_of)]
+    assert jobs == [("linear-probe", "head:1"), ("linear-probe", "head:2"), ("vocab-match", "head:2"),
+                    ("output-probe", "tail:2"), ("tail-logits", "tail:2")]  # depth-id: depth_rows; proposer first
+
+
+def test_shadow_only_against_private_local_layers() -> None:
+    private = Victim("lora-random", private_local_layers=True)
+    assert row_threat_model("white-box (learned)", Victim()) == "white-box (learned)"
+    assert row_threat_model("white-box (learned)", private) == "shadow"
+    assert row_threat_model("paired", private) == "paired"
+    assert check_row({"threat_model": "shadow"}, private)
+    with pytest.raises(AttackError, match="labelled shadow"):
+        check_row({"attack": "mlp", "boundary": "head:2", "threat_model": "shadow"}, Victim())
