@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from splitinfer import atomic
 
 
 def cmd_speed(args) -> int:
@@ -21,7 +22,7 @@ def cmd_speed(args) -> int:
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2, sort_keys=True))
+        atomic.write_json(out, result, indent=2, sort_keys=True)
         print(f"results written to {out}")
     return 0
 
@@ -38,7 +39,7 @@ def cmd_exactness(args) -> int:
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(rows, indent=2))
+        atomic.write_json(out, rows, indent=2)
         print(f"results written to {out}")
     bad = [r for r in rows if r["wire"] == "fp32" and (not r["identical"] or r["max_logit_diff"] > 1e-4)]
     return 1 if bad else 0
@@ -138,7 +139,7 @@ def cmd_extract(args) -> int:
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2, sort_keys=True))
+        atomic.write_json(out, result, indent=2, sort_keys=True)
         print(f"results written to {out}")
     return 0
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from splitinfer import atomic
+
 
 def cmd_decoding(args) -> int:
     import json
@@ -32,10 +34,10 @@ def cmd_decoding(args) -> int:
     results["targets"] = targets(table, results)
     report = format_report(results)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.txt").write_text(report + "\n")
+    atomic.write_text(out / "report.txt", report + "\n")
     summary = {k: results[k] for k in ("config", "step_model", "cross_validation", "replay_checks", "targets",
                                        "wall_s") if k in results}
-    (out / "summary.json").write_text(json.dumps({**summary, "table": table}, indent=1, sort_keys=True))
+    atomic.write_json(out / "summary.json", {**summary, "table": table}, indent=1, sort_keys=True)
     print(report)
     for p in plot(results, out):
         print(f"plot written to {p}")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from splitinfer import atomic
 
 
 def cmd_transport(args) -> int:
@@ -19,7 +20,7 @@ def cmd_transport(args) -> int:
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2, sort_keys=True))
+        atomic.write_json(out, result, indent=2, sort_keys=True)
         print(f"results written to {out}")
     return 0
 

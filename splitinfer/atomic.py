@@ -27,6 +27,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,7 @@ def atomic_file(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it onto ``path`` only if the block succeeds."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, name = tempfile.mkstemp(prefix=_temp_prefix(path.name), suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp = Path(name)
     try:
@@ -106,21 +107,27 @@ def mark_complete(directory: str | os.PathLike[str], info: dict | None = None) -
     write_json(directory / MARKER, info or {})
 
 
+def _temp_prefix(name: str) -> str:
+    return f".{name}.{os.getpid()}."  # the writer's pid: remove_leftovers spares live writers' files
+
+
 @contextlib.contextmanager
 def atomic_dir(directory: str | os.PathLike[str], info: dict | None = None) -> Iterator[Path]:
     """Yield an empty temporary directory; on success mark it complete and move it to ``directory``.
 
     An existing ``directory`` without a marker (an interrupted earlier write) is
-    replaced; one *with* a marker is replaced too (the caller decided to rebuild).
+    replaced; one that another process completed meanwhile is kept (ours is dropped).
     """
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".tmp", dir=directory.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(directory.name), suffix=".tmp", dir=directory.parent))
     try:
         yield tmp
         mark_complete(tmp, info)
+        if is_complete(directory):
+            return
         if directory.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".old", dir=directory.parent))
+            old = Path(tempfile.mkdtemp(prefix=_temp_prefix(directory.name), suffix=".old", dir=directory.parent))
             os.replace(directory, old / "x")
             shutil.rmtree(old, ignore_errors=True)
         _commit(tmp, directory)
@@ -129,11 +136,32 @@ def atomic_dir(directory: str | os.PathLike[str], info: dict | None = None) -> I
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _abandoned(p: Path, name: str) -> bool:
+    """True for a leftover whose writer is gone (dead pid in its name; other names: older than 10 minutes)."""
+    pid = p.name[len(name) + 2 :].split(".", 1)[0] if p.name.startswith(f".{name}.") else ""
+    if pid.isdigit():
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return True
+        except OSError:  # alive, owned by someone else
+            pass
+        return False
+    try:
+        return time.time() - p.stat().st_mtime > 600
+    except OSError:
+        return False
+
+
 def remove_leftovers(directory: str | os.PathLike[str], name: str) -> int:
-    """Delete ``.NAME.*.tmp`` / ``.NAME.*.old`` leftovers of interrupted writes in ``directory``; return how many."""
+    """Delete leftovers of interrupted writes of ``name`` in ``directory``; return how many.
+
+    Those are ``.NAME.PID.*.tmp`` / ``.old`` of writers no longer running, and ``NAME.tmp`` (the
+    fixed name used before this module) once it is ten minutes old.
+    """
     n = 0
-    for p in Path(directory).glob(f".{name}.*"):
-        if p.suffix in (".tmp", ".old"):
+    for p in [*Path(directory).glob(f".{name}.*"), Path(directory) / f"{name}.tmp"]:
+        if p.exists() and p.suffix in (".tmp", ".old") and _abandoned(p, name):
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
             n += 1
     return n

@@ -108,7 +108,8 @@ def cmd_draft_calibrate(args) -> int:
     seqs = corpus_sequences(sm.loaded.tokenizer, [c for c in args.corpus.split(",") if c], args.max_tokens,
                             args.seq_len)
     bridge = calibrate(sm, seqs, ridge=args.ridge)
-    path = bridge.save(args.out, {**split_meta(sm), "corpora": args.corpus, "wire_dtype": args.wire_dtype})
+    path = bridge.save(args.out, {**split_meta(sm), "corpora": args.corpus, "wire_dtype": args.wire_dtype},
+                       force=args.force)
     print(f"bridge calibration ({bridge.n} state pairs from {len(seqs)} sequences) written to {path}; "
           f"use it with --decoding local-draft --draft-calibration {args.out}")
     return 0
@@ -124,7 +125,7 @@ def cmd_draft_train(args) -> int:
                              prompt_chars=args.prompt_chars, gen_batch=args.gen_batch, vocab=args.vocab,
                              prompt_texts=read_prompt_file(args.prompts_file) if args.prompts_file else None)
     out = args.out or default_dir(loaded.sha256 or "")
-    path = save_head(head, out, meta)
+    path = save_head(head, out, meta, force=args.force)
     h = meta["heldout"]
     print(f"feature-draft head ({meta['generated_tokens']} greedy tokens from {meta['prompts']} prompts, "
           f"{meta['steps']} steps, {meta['timings_s']['total_s']:.0f} s, draft vocabulary {meta['draft_vocab']}"
@@ -168,12 +169,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--wire-dtype", default="fp16", choices=["fp16", "fp32", "bf16"],
                    help="hidden-state dtype on the wire")
     c.add_argument("--out", required=True, help="output path: writes OUT.safetensors and OUT.json")
+    c.add_argument("--force", action="store_true", help="overwrite OUT even if it holds a different calibration")
     c.set_defaults(func=cmd_draft_calibrate)
 
     t = sub.add_parser("draft-train", help="train feature-draft's head on the model's own greedy continuations, once")
     add_model_args(t, split_default=None)
     t.add_argument("--out", default=None,
                    help="output directory (default: the splitinfer cache, where --decoding feature-draft looks)")
+    t.add_argument("--force", action="store_true", help="overwrite a head of a different run in the output directory")
     t.add_argument("--tokens", type=int, default=12000, help="greedy tokens to generate (default %(default)s)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--steps", type=int, default=400, help="optimizer steps (default %(default)s)")
