@@ -7,7 +7,7 @@ construction. :data:`BodyInfo.CHECKED` lists the fields a hello may pin.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import ClassVar
 
@@ -24,7 +24,8 @@ class BodyInfo:
     batch_invariant: bool = False  # runs splitinfer.batch_invariant's kernels
 
     CHECKED: ClassVar[tuple[str, ...]] = ("body_sha256", "hidden_size", "split", "batch_invariant")
-    _HINTS: ClassVar[dict[str, str]] = {"hidden_size": "", "batch_invariant": " (start the server with --batch-invariant)"}
+    _HINTS: ClassVar[dict[str, str]] = {"hidden_size": "",
+                                        "batch_invariant": " (start the server with --batch-invariant)"}
 
     @classmethod
     def of_body(cls, model_spec: str, split, body, num_layers: int) -> BodyInfo:
@@ -63,6 +64,3 @@ class BodyInfo:
                 hint = self._HINTS.get(key, " (start the server with the same --model, --split and --dtype)")
                 raise ProtocolError(f"{key} mismatch: client expects {short(want)}, this server has "
                                     f"{getattr(self, key)!r}{hint}")
-
-
-FIELD_NAMES = tuple(f.name for f in fields(BodyInfo))

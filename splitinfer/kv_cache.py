@@ -17,6 +17,7 @@ import torch
 
 from splitinfer.decoding.tree import ancestor_matrix
 from splitinfer.errors import SplitInferError
+from splitinfer.protocol import short
 
 
 class PartKVCache:
@@ -71,8 +72,6 @@ class PartKVCache:
         indices into the ``length - prefix`` entries after it, so a keep can only
         shrink the cache (never repeat an entry).
         """
-        from splitinfer.protocol import short
-
         if isinstance(prefix, bool) or not isinstance(prefix, int) or not 0 <= prefix <= length:
             raise SplitInferError(f"keep prefix {short(prefix)} is outside the cache of {length} entries")
         n_new = length - prefix

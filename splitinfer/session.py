@@ -12,10 +12,11 @@ different sessions in parallel). Quotas: ``max_sessions`` in all,
 ``max_sessions_per_owner`` per connection, ``max_context`` positions per
 session (checked before a forward or a ``keep`` changes anything, and again by
 the cache itself); a session expires after ``idle_timeout_s`` without real
-work (a forward, or a commit that changed the cache). A session may carry an ``owner`` (the
-server passes its connection id): frames naming a session opened by another
-owner are refused as unknown, and :meth:`BodyService.close_owned` drops all
-sessions of a closed connection.
+work (a forward, or a commit that changed the cache). A session may carry an
+``owner`` (the server passes its connection id): frames naming a session
+opened by another owner are refused as unknown (and ``stats`` counts only the
+caller's sessions unless ``stats_all``), and :meth:`BodyService.close_owned`
+drops all sessions of a closed connection.
 """
 
 from __future__ import annotations

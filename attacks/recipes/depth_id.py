@@ -112,8 +112,8 @@ class DepthId(InversionAttack):
         x = standardize(hidden, self.mu, self.sd)  # (N, d)
         yt = torch.from_numpy(y)
         self.net = self._build(hidden.shape[1], len(self.depths))
-        self.meta["run"] = {"recipe": self.name, "hparams": self.hparams, "seed": self.seed,
-                            "model_sha256": self.meta["model_sha256"], "depths": sorted(depths), "data": digest(hidden, y)}
+        self.meta["run"] = {"recipe": self.name, "hparams": self.hparams, "seed": self.seed, "depths": sorted(depths),
+                            "model_sha256": self.meta["model_sha256"], "data": digest(hidden, y)}
         trainer = with_run(trainer, **self.meta["run"])
         ce = nn.CrossEntropyLoss()
         report = fit_module(self.net, len(x), lambda m, idx: ce(m(x[idx]), yt[idx]), epochs=self.hparams["epochs"],

@@ -215,3 +215,15 @@ def test_bench_json_output_is_atomic(tmp_path, monkeypatch):
     with pytest.raises(Injected):
         save({"v": 2}, tmp_path)
     assert json.loads((tmp_path / "decoding.json").read_text()) == {"v": 1} and _leftovers(tmp_path) == []
+
+
+def test_weights_are_prepared_by_a_public_entry_point(cache, capsys):
+    """`serve` prepares weights in a child process through `python -m splitinfer.body_weights`."""
+    from splitinfer import body_weights
+
+    with pytest.raises(models.NeedsPreparation):
+        models.resolve_weights_dir("tiny-random", prepare=False)
+    out = body_weights.weights_dir("tiny-random")  # runs the child process
+    assert atomic.is_complete(out) and out == models.prepare_weights("tiny-random")
+    assert body_weights.main(["tiny-random", "0"]) == 0 and capsys.readouterr().out.strip() == str(out)
+    assert body_weights.main(["tiny-random", "zero"]) == 1
