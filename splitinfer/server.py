@@ -194,8 +194,9 @@ class BodyServer:
                 return
             last = max(state["since"], self.service.last_work.get(conn, 0.0))
             if not state["busy"] and since is None and now - last > cfg.connection_idle_s:
-                await self._refuse(ws, f"connection idle for over {cfg.connection_idle_s:g} s without a forward "
-                                       "(--connection-idle-s); reconnect when there is work", 1008)
+                # no error frame and "going away": a well-behaved client reconnects and replays when it has work
+                await self._refuse(ws, f"idle for over {cfg.connection_idle_s:g} s (--connection-idle-s)", 1001,
+                                   send=False)
                 return
 
     async def _hello(self, ws, conn: int) -> bool:
