@@ -171,7 +171,7 @@ def test_kill_9_between_write_and_rename(cache):
     assert atomic.is_complete(out) and _leftovers(out.parent) == []
 
 
-# ---------------------------------------------------------------------------- draft artefacts and bench outputs
+# ---------------------------------------------------------------------------- draft artefacts
 def test_bridge_calibration(tmp_path, monkeypatch):
     from splitinfer.decoding.bridge import RidgeBridge
 
@@ -205,16 +205,6 @@ def test_feature_head(tmp_path, monkeypatch, feature_head_dir):
     with pytest.raises(SplitInferError, match="no trained feature-draft head"):
         load_head(out)
     assert not [p for p in head_files(out)[0].parent.iterdir() if p.name.endswith(".tmp")]
-
-
-def test_bench_json_output_is_atomic(tmp_path, monkeypatch):
-    from benchmarks.decoding import save
-
-    save({"v": 1}, tmp_path)
-    monkeypatch.setattr(atomic, "_commit", lambda tmp, dst: (_ for _ in ()).throw(Injected("crash")))
-    with pytest.raises(Injected):
-        save({"v": 2}, tmp_path)
-    assert json.loads((tmp_path / "decoding.json").read_text()) == {"v": 1} and _leftovers(tmp_path) == []
 
 
 def test_weights_are_prepared_by_a_public_entry_point(cache, capsys):
