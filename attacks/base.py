@@ -49,6 +49,8 @@ import numpy as np
 from attacks.errors import AttackError
 from attacks.metrics.baselines import TokenPrior, prior_to_json
 from attacks.tapdata import Taps, as_taps
+from attacks.trainer import digest, with_run
+from splitinfer.atomic import atomic_file, guard_overwrite, write_json
 
 log = logging.getLogger(__name__)
 
@@ -182,15 +184,21 @@ class Attack(ABC):
                           "boundary_side": self.boundary_side, "hparams": self.hparams, "seed": self.seed,
                           "meta": self.meta, "fit_report": self.fit_report})
 
-    def save(self, directory: str | Path) -> Path:
-        """Write ``config.json`` + ``attack.safetensors`` under ``directory`` (created)."""
+    def save(self, directory: str | Path, force: bool = False) -> Path:
+        """Write ``config.json`` + ``attack.safetensors`` under ``directory`` (created), atomically, config last.
+
+        A directory holding a checkpoint of a different run (another recipe, data,
+        model, boundary or hyper-parameters) is not overwritten unless ``force``.
+        """
         import torch
         from safetensors.torch import save_file
 
         if not self.fitted:
             raise AttackError(f"attack {self.name!r} is not fitted; nothing to save")
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        identity = {"recipe": self.name, **self.meta.get("run", {})}
+        guard_overwrite(directory / CONFIG_NAME, identity, "run_identity", force, "an attack checkpoint",
+                        AttackError)
         tensors, state = self._state()
         tensors = {k: (v if isinstance(v, torch.Tensor) else torch.as_tensor(np.asarray(v))).contiguous()
                    for k, v in tensors.items()}
@@ -198,10 +206,11 @@ class Attack(ABC):
             tensors = {"_empty": torch.zeros(0)}
         cfg = self.config()
         cfg["state"] = _jsonable(state)
-        tmp = directory / (TENSORS_NAME + ".tmp")
-        save_file(tensors, str(tmp), metadata={"format": "splitinfer-attack", "recipe": self.name})
-        tmp.replace(directory / TENSORS_NAME)
-        (directory / CONFIG_NAME).write_text(json.dumps(cfg, indent=2, sort_keys=True), encoding="utf-8")
+        cfg["run_identity"] = identity
+        (directory / CONFIG_NAME).unlink(missing_ok=True)  # until the new config lands, this is no checkpoint
+        with atomic_file(directory / TENSORS_NAME) as tmp:
+            save_file(tensors, str(tmp), metadata={"format": "splitinfer-attack", "recipe": self.name})
+        write_json(directory / CONFIG_NAME, cfg, indent=2, sort_keys=True)  # last: marks it complete
         log.info("saved attack %s to %s", self.name, directory)
         return directory
 
@@ -268,6 +277,8 @@ class InversionAttack(Attack):
         self.meta["unigram_top"] = uniq[np.lexsort((uniq, -counts))[:5]].tolist()
         self.meta["token_prior"] = prior_to_json(TokenPrior.fit(train.token_ids, train.positions()))  # for attack eval
         self.meta["train_tokens"] = train.n_tokens
+        self.meta["run"] = self._run_identity(train, val)
+        trainer = with_run(trainer, **self.meta["run"])  # a training checkpoint resumes only into this run
         torch.manual_seed(self.seed)
         np.random.seed(self.seed % 2**32)
         t0 = time.perf_counter()
@@ -275,6 +286,15 @@ class InversionAttack(Attack):
         self.fit_report["fit_seconds"] = round(time.perf_counter() - t0, 3)
         self.fitted = True
         return self
+
+    def _run_identity(self, train: Taps, val: Taps | None) -> dict[str, Any]:
+        """What makes two fits the same run: recipe, hyper-parameters, seed, model, boundary and data digests."""
+        def taps_digest(t: Taps | None) -> str | None:
+            return None if t is None else digest(t.token_ids, t.seq_lengths, t.hidden)
+
+        return _jsonable({"recipe": self.name, "hparams": self.hparams, "seed": self.seed,
+                          "model_sha256": train.model_sha256, "boundary": train.meta.get("boundary"),
+                          "train": taps_digest(train), "val": taps_digest(val)})
 
     def invert(self, taps: Any, k: int = 5) -> Inversion:
         """Recover the tokens behind ``taps``: an :class:`Inversion` with ``k`` ranked guesses per position."""

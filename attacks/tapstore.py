@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from attacks.errors import AttackError
+from splitinfer.atomic import atomic_file, write_json
 
 log = logging.getLogger(__name__)
 
@@ -59,26 +59,47 @@ def shard_name(i: int) -> str:
 
 
 def write_shard(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Write one shard atomically (temporary file + rename)."""
+    """Write one shard atomically (temporary file + fsync + rename)."""
     from safetensors.numpy import save_file
 
-    tmp = path.with_name(path.name + ".tmp")
-    save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(tmp), metadata={"format": "splitinfer-taps"})
-    os.replace(tmp, path)
+    with atomic_file(path) as tmp:
+        save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(tmp),
+                  metadata={"format": "splitinfer-taps"})
+
+
+def _bad_shard(path: Path, why: str) -> AttackError:
+    return AttackError(f"tap shard {path} is unreadable or not a safetensors file ({why}); delete it and re-extract")
 
 
 def read_shard_header(path: Path) -> dict[str, dict[str, Any]]:
-    """The safetensors header of a shard: ``{name: {dtype, shape, data_offsets}}`` (no tensor data read)."""
+    """The checked safetensors header of a shard: ``{name: {dtype, shape, data_offsets}}`` (no tensor data read).
+
+    Every entry must name a known dtype, a shape and offsets that fit the file; anything else is one
+    :class:`AttackError` naming the shard and the fix.
+    """
     try:
+        size = path.stat().st_size
         with open(path, "rb") as f:
             (hlen,) = struct.unpack("<Q", f.read(8))
-            if hlen > 100 * 2**20:
+            if hlen > min(size, 100 * 2**20):
                 raise ValueError(f"header length {hlen} is implausible")
             header = json.loads(f.read(hlen))
     except (OSError, ValueError, struct.error) as e:
-        raise AttackError(f"tap shard {path} is unreadable or not a safetensors file ({e}); delete it and "
-                          "re-extract") from None
+        raise _bad_shard(path, str(e)[:120]) from None
+    if not isinstance(header, dict):
+        raise _bad_shard(path, "its header is not a JSON object")
     header.pop("__metadata__", None)
+    for name, spec in header.items():
+        ok = isinstance(spec, dict) and spec.get("dtype") in _ST_DTYPES and isinstance(spec.get("shape"), list) \
+            and all(isinstance(n, int) and n >= 0 for n in spec["shape"]) \
+            and isinstance(spec.get("data_offsets"), list) and len(spec["data_offsets"]) == 2 \
+            and all(isinstance(n, int) for n in spec["data_offsets"])
+        if not ok:
+            raise _bad_shard(path, f"bad header entry {name[:40]!r}")
+        begin, end = spec["data_offsets"]
+        itemsize = np.dtype(_ST_DTYPES[spec["dtype"]] or np.uint16).itemsize
+        if not 0 <= begin <= end or end - begin != itemsize * int(np.prod(spec["shape"])) or 8 + hlen + end > size:
+            raise _bad_shard(path, f"array {name[:40]!r} does not fit the file (truncated?)")
     header["__data_start__"] = 8 + hlen
     return header
 
@@ -103,13 +124,20 @@ def memmap_shard(path: Path) -> dict[str, np.ndarray]:
 
 def write_index(directory: Path, index: dict[str, Any]) -> None:
     """Write ``index.json`` atomically."""
-    tmp = directory / (INDEX_NAME + ".tmp")
-    tmp.write_text(json.dumps(index, separators=(",", ":"), default=str), encoding="utf-8")
-    os.replace(tmp, directory / INDEX_NAME)
+    write_json(directory / INDEX_NAME, index, separators=(",", ":"), default=str)
+
+
+def shard_path(directory: Path, entry: Any) -> Path:
+    """The file of a shard entry of ``index.json``: a plain file name inside ``directory``, nothing else."""
+    name = entry.get("file") if isinstance(entry, dict) else None
+    if not isinstance(name, str) or not name or name in (".", "..") or Path(name).name != name or "\\" in name:
+        raise AttackError(f"{Path(directory) / INDEX_NAME} names a shard file {str(name)[:60]!r} outside the tap "
+                          "directory; the index is corrupt or forged: delete the directory and re-extract")
+    return Path(directory) / name
 
 
 def read_index(directory: Path) -> dict[str, Any]:
-    """Read and sanity-check ``index.json`` of a tap directory."""
+    """Read and sanity-check ``index.json`` of a tap directory (shard files must lie inside it)."""
     path = Path(directory) / INDEX_NAME
     try:
         index = json.loads(path.read_text(encoding="utf-8"))
@@ -117,9 +145,15 @@ def read_index(directory: Path) -> dict[str, Any]:
         raise AttackError(f"{directory} is not a tap set (no {INDEX_NAME}); extract taps first") from None
     except (OSError, ValueError) as e:
         raise AttackError(f"cannot read {path}: {e}; delete the directory and re-extract") from None
-    if index.get("format_version") != FORMAT_VERSION:
-        raise AttackError(f"{path} has tap format version {index.get('format_version')!r}; this code reads "
-                          f"{FORMAT_VERSION}; re-extract the taps")
+    if not isinstance(index, dict) or index.get("format_version") != FORMAT_VERSION:
+        got = index.get("format_version") if isinstance(index, dict) else None
+        raise AttackError(f"{path} has tap format version {got!r}; this code reads {FORMAT_VERSION}; "
+                          "re-extract the taps")
+    shards = index.get("shards", [])
+    if not isinstance(shards, list):
+        raise AttackError(f"{path} has a malformed shard list; delete the directory and re-extract")
+    for entry in shards:
+        shard_path(directory, entry)
     return index
 
 
@@ -217,7 +251,7 @@ class TapSet:
         """Memory-mapped arrays of shard ``i`` (opened on first use)."""
         if self._shards[i] is None:
             entry = self.index["shards"][i]
-            path = self.path / entry["file"]
+            path = shard_path(self.path, entry)
             if not path.is_file():
                 raise AttackError(f"tap shard {path} is missing; re-extract the taps")
             arrays = memmap_shard(path)

@@ -86,7 +86,7 @@ def cmd_train(args) -> int:
         attack.fit(train[key], None if val is None else val[key], trainer=trainer)
     attack.meta.update(max_length=args.max_length, corpora=corpora, train_max_tokens=args.max_tokens)
     if main:
-        attack.save(out)
+        attack.save(out, force=args.force)
         summary = {"attack": attack.name, "threat_model": attack.threat_model, "out": str(out),
                    "boundary": attack.meta.get("boundary"), "model": loaded.spec, "model_sha256": loaded.sha256,
                    "train_tokens": attack.meta.get("train_tokens"), "fit_report": attack.fit_report}
@@ -244,6 +244,7 @@ def add_parsers(asub) -> None:
     add_deprecated(t, "--hparam", "--attack-option", "attack_option", append=True)
     t.add_argument("--out", required=True, help="checkpoint directory")
     t.add_argument("--no-resume", action="store_true", help="ignore training checkpoints under OUT/checkpoints")
+    t.add_argument("--force", action="store_true", help="overwrite OUT even if it holds a different run's checkpoint")
     t.add_argument("--json", action="store_true", help="no progress bars; print a JSON summary as the last line")
     t.set_defaults(func=cmd_train)
 

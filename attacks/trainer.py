@@ -6,8 +6,11 @@ epoch (seeded per epoch, so a resumed run sees the same order), optional
 validation with early stopping on the best validation score, and a checkpoint
 after every epoch: ``<tag>-train.safetensors`` (module, best module and
 optimizer tensors) + ``<tag>-train.json`` (epoch, history, optimizer groups,
-a fingerprint of the run). A rerun with the same fingerprint resumes after the
-last finished epoch.
+a fingerprint of the run: data digest, boundary, model sha256 and every
+hyper-parameter, see :func:`with_run`). A rerun with the same fingerprint
+resumes after the last finished epoch; any other run starts over. Both files
+are written atomically, the JSON last (it is removed first), so a crash leaves
+either the previous epoch's checkpoint or none.
 
 Distributed: when launched with several processes (``WORLD_SIZE > 1``, e.g.
 ``accelerate launch --multi_gpu --num_processes 2``; on a machine without
@@ -25,7 +28,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +36,11 @@ import torch
 from torch import nn
 
 from attacks.errors import AttackError
+from splitinfer.atomic import atomic_file, write_json
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TrainConfig", "fit_module", "get_accelerator"]
+__all__ = ["TrainConfig", "digest", "fit_module", "get_accelerator", "with_run"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,7 @@ class TrainConfig:
     resume: bool = True
     progress: bool = True
     patience: int | None = 2  # stop after this many epochs without a better validation score
+    run_key: str | None = None  # what the run is (data hash, boundary, model sha256, hyper-parameters): with_run()
 
 
 _ACCELERATOR: Any = None
@@ -88,9 +93,36 @@ def _restore_optim(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
     opt.load_state_dict({"state": state, "param_groups": groups})
 
 
-def _fingerprint(module: nn.Module, n_items: int, epochs: int, lr: float, batch_size: int, seed: int) -> str:
+def digest(*arrays: Any) -> str:
+    """sha256 over arrays (numpy, memmap or torch), their dtypes and shapes, read in chunks of rows."""
+    import hashlib
+
+    import numpy as np
+
+    h = hashlib.sha256()
+    for a in arrays:
+        a = a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else np.asarray(a)
+        h.update(f"{a.dtype}|{a.shape}|".encode())
+        flat = a.reshape(len(a), -1) if a.ndim else a.reshape(1, 1)
+        step = max(1, (1 << 24) // max(1, flat[:1].nbytes))  # about 16 MB at a time
+        for i in range(0, len(flat), step):
+            h.update(np.ascontiguousarray(flat[i : i + step]).tobytes())
+    return h.hexdigest()
+
+
+def with_run(cfg: TrainConfig | None, **identity: Any) -> TrainConfig | None:
+    """``cfg`` with ``run_key`` set from ``identity`` (data digest, boundary, model sha256, hyper-parameters).
+
+    A checkpoint resumes only into the same run: change any of these and training starts over.
+    """
+    if cfg is None:
+        return None
+    return replace(cfg, run_key=json.dumps(identity, sort_keys=True, default=str))
+
+
+def _fingerprint(module: nn.Module, n_items: int, settings: dict[str, Any], run_key: str | None) -> str:
     shapes = [list(p.shape) for p in module.parameters()]
-    return json.dumps([n_items, epochs, lr, batch_size, seed, shapes])
+    return json.dumps({"items": n_items, "shapes": shapes, "settings": settings, "run": run_key}, sort_keys=True)
 
 
 def fit_module(
@@ -126,7 +158,9 @@ def fit_module(
     main = acc is None or acc.is_main_process
     opt = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=weight_decay)
     ckpt = Path(cfg.checkpoint_dir) / f"{tag}-train" if cfg.checkpoint_dir else None
-    fp = _fingerprint(module, n_items, epochs, lr, batch_size, seed)
+    settings = {"epochs": epochs, "lr": lr, "batch_size": batch_size, "seed": seed, "weight_decay": weight_decay,
+                "patience": cfg.patience, "tag": tag, "validated": val_fn is not None}
+    fp = _fingerprint(module, n_items, settings, cfg.run_key)
     history: list[dict[str, float]] = []
     start, best_score, best_epoch, best_state = 0, float("-inf"), -1, None
     if ckpt is not None and cfg.resume and ckpt.with_suffix(".json").is_file():
@@ -196,14 +230,12 @@ def _save(ckpt: Path, module: nn.Module, opt: torch.optim.Optimizer, best_state:
         tensors.update({f"best.{k}": v.detach().cpu().contiguous() for k, v in best_state.items()})
     opt_tensors, groups = _optim_tensors(opt)
     tensors.update(opt_tensors)
-    tmp = ckpt.with_suffix(".safetensors.tmp")
-    save_file(tensors, str(tmp), metadata={"format": "splitinfer-train-checkpoint"})
-    tmp.replace(ckpt.with_suffix(".safetensors"))
+    ckpt.with_suffix(".json").unlink(missing_ok=True)  # from here until the new json lands, nothing resumes
+    with atomic_file(ckpt.with_suffix(".safetensors")) as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "splitinfer-train-checkpoint", "epoch": str(epoch)})
     meta = {"fingerprint": fp, "epoch": epoch, "history": history, "best_score": best_score,
             "best_epoch": best_epoch, "param_groups": groups}
-    tmp = ckpt.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(meta), encoding="utf-8")
-    tmp.replace(ckpt.with_suffix(".json"))
+    write_json(ckpt.with_suffix(".json"), meta)  # last: marks the checkpoint complete
 
 
 def _resume(ckpt: Path, module: nn.Module, opt: torch.optim.Optimizer, fp: str):

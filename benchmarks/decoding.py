@@ -39,7 +39,6 @@ raw results to ``--out``.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -48,7 +47,7 @@ import torch
 from tqdm import tqdm
 
 from benchmarks.prompts import PROMPTS
-from splitinfer import batch_invariant
+from splitinfer import atomic, batch_invariant
 from splitinfer.client import SplitModel
 from splitinfer.decoding.base import DecodingEnv, list_proposers, make_proposer
 from splitinfer.decoding.combined import DEFAULT_SOURCES
@@ -275,4 +274,4 @@ def _ablation(bench: DecodingBench, model: StepTimeModel, ablation_prompts: int,
 
 def save(results: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "decoding.json").write_text(json.dumps(results, indent=1, sort_keys=True))
+    atomic.write_json(out / "decoding.json", results, indent=1, sort_keys=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from splitinfer import atomic
 from splitinfer.cli_flags import ModelFlags, add_deprecated, add_model_args, parse_options, split_options
 from splitinfer.errors import SplitInferError
 
@@ -34,10 +35,10 @@ def cmd_decoding(args) -> int:
     results["targets"] = targets(table, results)
     report = format_report(results)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.txt").write_text(report + "\n")
+    atomic.write_text(out / "report.txt", report + "\n")
     summary = {k: results[k] for k in ("config", "step_model", "cross_validation", "replay_checks", "targets",
                                        "wall_s") if k in results}
-    (out / "summary.json").write_text(json.dumps({**summary, "table": table}, indent=1, sort_keys=True))
+    atomic.write_json(out / "summary.json", {**summary, "table": table}, indent=1, sort_keys=True)
     write(decoding_document({**summary, "table": table}), out / "results.json")
     print(report)
     for p in plot(results, out):

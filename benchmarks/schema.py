@@ -41,10 +41,11 @@ import math
 import os
 import platform
 import subprocess
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from splitinfer import atomic
 
 logger = logging.getLogger(__name__)
 
@@ -329,15 +330,7 @@ def save(results: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     validate(results)
     path = Path(path)
     text = json.dumps(results, sort_keys=True, indent=2, allow_nan=False) + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic.write_text(path, text)
     logger.info("results written to %s", path)
     return path
 

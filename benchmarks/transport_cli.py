@@ -5,6 +5,7 @@ from __future__ import annotations
 from splitinfer.cli_flags import add_max_new_tokens, add_wire_dtype, int_list, optional_int_list
 
 
+
 def cmd_transport(args) -> int:
     from benchmarks.bench_output import transport_document, write
     from benchmarks.transport import format_transport, run_transport

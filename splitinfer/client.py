@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from splitinfer import batch_invariant
+from splitinfer.body_info import BodyInfo
 from splitinfer.decoding.base import DecodingEnv, Proposer, make_proposer
 from splitinfer.decoding.verify import decode
 from splitinfer.errors import SplitInferError
 from splitinfer.link import InProcessLink, Link, WanProfile
-from splitinfer.models import LoadedModel, weights_sha256
+from splitinfer.models import LoadedModel
 from splitinfer.partition import CloudBody, LocalHead, LocalTail, SplitConfig, param_bytes
 from splitinfer.protocol import wire_dtype as parse_wire_dtype
 from splitinfer.remote import RemoteBody
@@ -101,16 +101,9 @@ class GenerationResult:
         }
 
 
-def body_info(model_spec: str, split: SplitConfig, body: CloudBody, hidden_size: int, num_layers: int) -> dict:
-    """What a cloud body announces at hello, and what a client checks."""
-    return {
-        "model": model_spec,
-        "body_sha256": weights_sha256(body),
-        "hidden_size": hidden_size,
-        "split": str(split),
-        "num_layers": num_layers,
-        "batch_invariant": batch_invariant.is_enabled(body),
-    }
+def body_info(model_spec: str, split: SplitConfig, body: CloudBody, hidden_size: int, num_layers: int) -> BodyInfo:
+    """What a cloud body announces at hello, and what a client checks (see :class:`BodyInfo`)."""
+    return BodyInfo.of_body(model_spec, split, body, num_layers)
 
 
 class SplitModel:
@@ -149,12 +142,9 @@ class SplitModel:
                 f"cannot connect to cloud {cloud!r}: pass ws://HOST:PORT, wss://HOST:PORT, a Link, or leave it unset"
             )
         self.link = link
-        expect = {k: info[k] for k in ("body_sha256", "hidden_size", "split")}
-        if info["batch_invariant"]:  # exact logits need the same kernels on both sides
-            expect["batch_invariant"] = True
-        self.remote = RemoteBody(link, expect)
+        self.remote = RemoteBody(link, info.expectation())  # batch_invariant pinned when on: exact logits
         welcome = self.remote.hello()
-        if info["batch_invariant"] and welcome.get("batch_invariant") is not True:  # a server from before the flag
+        if info.batch_invariant and welcome.get("batch_invariant") is not True:  # a server from before the flag
             raise SplitInferError("this client uses batch-invariant kernels but the cloud body does not say it "
                                   "does: start the server with --batch-invariant (and this version of splitinfer)")
         self.device = next(model.parameters()).device

@@ -65,19 +65,19 @@ def cmd_serve(args) -> int:
         insecure=args.insecure, max_connections=args.max_connections, hello_timeout_s=args.hello_timeout_s,
         open_timeout_s=args.open_timeout_s, ping_interval_s=args.ping_interval_s, ping_timeout_s=args.ping_timeout_s,
         close_timeout_s=args.close_timeout_s, workers=args.workers, tls_cert=args.tls_cert, tls_key=args.tls_key,
+        max_pending=args.max_pending, hello_max_bytes=int(args.hello_max_kb * 1024),
+        connection_idle_s=args.connection_idle_s, message_timeout_s=args.message_timeout_s,
     )
     config.validate()  # before loading anything: refuse a bad or unsafe setup at once
-    if config.token and len(config.token) < 16:
-        log.warning("the token is short (%d characters); use at least 16 random characters", len(config.token))
-    if args.insecure and not config.token:
-        log.warning("--insecure: anyone who can reach %s may use this server", args.host)
+    for warning in config.warnings():
+        log.warning("%s", warning)
     split = SplitConfig.parse(args.split)
     body, info = load_body(args.model, split, args.dtype, args.device, args.device_map, args.seed,
                            args.batch_invariant)
     service = make_service(body, info, args.max_sessions, args.max_context, args.idle_timeout_s,
-                           int(args.max_frame_mb * 2**20))
+                           int(args.max_frame_mb * 2**20), args.max_sessions_per_connection, args.stats_all)
     log.info("body of %s split %s: layers %d..%d, sha256 %s", args.model, split, body.first_layer,
-             body.first_layer + len(body.layers) - 1, info["body_sha256"][:16])
+             body.first_layer + len(body.layers) - 1, info.body_sha256[:16])
 
     def ready(url: str) -> None:
         print(f"listening on {url}", flush=True)
@@ -173,11 +173,21 @@ def register(sub) -> None:
     s.add_argument("--tls-cert", default=None, help="PEM certificate chain: serve wss://")
     s.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
     s.add_argument("--max-sessions", type=int, default=64)
-    s.add_argument("--max-connections", type=int, default=128)
+    s.add_argument("--max-sessions-per-connection", type=int, default=8, help="session quota of one connection")
+    s.add_argument("--max-connections", type=int, default=128, help="logged-in connections")
+    s.add_argument("--max-pending", type=int, default=16,
+                   help="connections not logged in yet (oldest dropped when full; default %(default)s)")
+    s.add_argument("--hello-max-kb", type=float, default=64.0, help="frame limit before the hello, in KiB")
+    s.add_argument("--connection-idle-s", type=float, default=300.0,
+                   help="drop a logged-in connection without a forward for this long")
+    s.add_argument("--message-timeout-s", type=float, default=60.0,
+                   help="drop a client whose message takes longer than this to arrive")
+    s.add_argument("--stats-all", action="store_true",
+                   help="operator mode: `stats` shows server-wide figures to every client (default: own sessions)")
     s.add_argument("--max-context", type=int, default=4096, help="tokens per session")
     s.add_argument("--idle-timeout-s", type=float, default=300.0, help="drop sessions idle this long")
     s.add_argument("--max-frame-mb", type=float, default=64.0, help="largest frame accepted, in MiB")
-    s.add_argument("--hello-timeout-s", type=float, default=10.0, help="drop connections silent this long")
+    s.add_argument("--hello-timeout-s", type=float, default=5.0, help="drop connections without a hello this long")
     s.add_argument("--open-timeout-s", type=float, default=10.0, help="limit on the TLS + WebSocket handshake")
     s.add_argument("--ping-interval-s", type=float, default=20.0, help="keepalive ping period")
     s.add_argument("--ping-timeout-s", type=float, default=20.0, help="drop a client that does not answer a ping")

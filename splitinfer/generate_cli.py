@@ -71,7 +71,8 @@ def cmd_draft_calibrate(args) -> int:
     sm = SplitModel(ModelFlags.from_args(args).load(), args.split, wire_dtype=args.wire_dtype)
     seqs = corpus_sequences(sm.loaded.tokenizer, list(args.corpus), args.max_tokens, args.seq_len)
     bridge = calibrate(sm, seqs, ridge=args.ridge)
-    path = bridge.save(args.out, {**split_meta(sm), "corpora": ",".join(args.corpus), "wire_dtype": args.wire_dtype})
+    path = bridge.save(args.out, {**split_meta(sm), "corpora": ",".join(args.corpus), "wire_dtype": args.wire_dtype},
+                       force=args.force)
     print(f"bridge calibration ({bridge.n} state pairs from {len(seqs)} sequences) written to {path}; "
           f"use it with --decoding local-draft --draft-calibration {args.out}")
     return 0
@@ -88,7 +89,7 @@ def cmd_draft_train(args) -> int:
                              prompt_chars=args.prompt_chars, gen_batch=args.gen_batch, vocab=args.vocab,
                              prompt_texts=read_prompt_file(args.prompts_file) if args.prompts_file else None)
     out = args.out or default_dir(loaded.sha256 or "")
-    path = save_head(head, out, meta)
+    path = save_head(head, out, meta, force=args.force)
     h = meta["heldout"]
     print(f"feature-draft head ({meta['generated_tokens']} greedy tokens from {meta['prompts']} prompts, "
           f"{meta['steps']} steps, {meta['timings_s']['total_s']:.0f} s, draft vocabulary {meta['draft_vocab']}"
@@ -127,12 +128,14 @@ def register(sub) -> None:
     c.add_argument("--ridge", type=float, default=30.0, help="ridge penalty in samples (default %(default)s)")
     add_wire_dtype(c)
     c.add_argument("--out", required=True, help="output path: writes OUT.safetensors and OUT.json")
+    c.add_argument("--force", action="store_true", help="overwrite OUT even if it holds a different calibration")
     c.set_defaults(func=cmd_draft_calibrate)
 
     t = sub.add_parser("draft-train", help="train feature-draft's head on the model's own greedy continuations, once")
     add_model_args(t, split_default=None)
     t.add_argument("--out", default=None,
                    help="output directory (default: the splitinfer cache, where --decoding feature-draft looks)")
+    t.add_argument("--force", action="store_true", help="overwrite a head of a different run in the output directory")
     t.add_argument("--train-tokens", type=int, default=12000,
                    help="greedy tokens to generate and train on (default %(default)s)")
     add_deprecated(t, "--tokens", "--train-tokens", "train_tokens", type=int)

@@ -17,12 +17,14 @@ import torch
 
 from splitinfer.decoding.tree import ancestor_matrix
 from splitinfer.errors import SplitInferError
+from splitinfer.protocol import short
 
 
 class PartKVCache:
     """Keys/values for a range of decoder layers of one sequence (batch 1)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_len: int | None = None) -> None:
+        self.max_len = max_len  # refuse to grow beyond this many entries (the server's --max-context)
         self.keys: dict[int, torch.Tensor] = {}  # layer -> (1, H_kv, S, D_h)
         self.values: dict[int, torch.Tensor] = {}  # layer -> (1, H_kv, S, D_h)
         self.positions = torch.zeros(0, dtype=torch.long)  # (S,) absolute position of each entry
@@ -35,6 +37,8 @@ class PartKVCache:
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Append (1, H_kv, T, D_h) keys/values for ``layer_idx``; return the full (1, H_kv, S+T, D_h)."""
+        old = self.keys[layer_idx].shape[-2] if layer_idx in self.keys else 0
+        self._check_room(old + key.shape[-2])
         if layer_idx in self.keys:
             self.keys[layer_idx] = torch.cat([self.keys[layer_idx], key], dim=-2)
             self.values[layer_idx] = torch.cat([self.values[layer_idx], value], dim=-2)
@@ -43,7 +47,12 @@ class PartKVCache:
             self.values[layer_idx] = value
         return self.keys[layer_idx], self.values[layer_idx]
 
+    def _check_room(self, length: int) -> None:
+        if self.max_len is not None and length > self.max_len:
+            raise SplitInferError(f"context of {length} tokens exceeds the limit of {self.max_len} (--max-context)")
+
     def append_positions(self, positions: torch.Tensor) -> None:
+        self._check_room(len(self) + int(positions.numel()))
         self.positions = torch.cat([self.positions, positions.to("cpu", torch.long)])
 
     def crop(self, length: int) -> None:
@@ -55,17 +64,34 @@ class PartKVCache:
             self.values[layer] = self.values[layer][:, :, :length]
         self.positions = self.positions[:length]
 
+    @staticmethod
+    def check_keep(length: int, prefix: int, accepted: Sequence[int]) -> int:
+        """Validate a ``keep`` against a cache of ``length`` entries; return the length it leaves.
+
+        ``prefix`` must lie within the cache and ``accepted`` be strictly increasing
+        indices into the ``length - prefix`` entries after it, so a keep can only
+        shrink the cache (never repeat an entry).
+        """
+        if isinstance(prefix, bool) or not isinstance(prefix, int) or not 0 <= prefix <= length:
+            raise SplitInferError(f"keep prefix {short(prefix)} is outside the cache of {length} entries")
+        n_new = length - prefix
+        last = -1
+        for i in accepted:
+            if isinstance(i, bool) or not isinstance(i, int) or not last < i < n_new:
+                raise SplitInferError(
+                    f"cannot keep nodes {short(list(accepted))} of the {n_new} new entries after prefix {prefix}: "
+                    "they must be strictly increasing indices into those entries"
+                )
+            last = i
+        return prefix + len(accepted)
+
     def keep(self, prefix: int, accepted: Sequence[int]) -> None:
-        """Keep entries ``[0, prefix)`` plus ``prefix + i`` for each i in ``accepted`` (in order).
+        """Keep entries ``[0, prefix)`` plus ``prefix + i`` for each i in ``accepted`` (strictly increasing).
 
         Used after tree verification: the entries appended by the last forward
         are the draft's nodes; only the accepted path survives.
         """
-        n_new = len(self) - prefix
-        if n_new < 0 or any(not 0 <= i < n_new for i in accepted):
-            raise SplitInferError(
-                f"cannot keep nodes {list(accepted)} of {max(n_new, 0)} new entries after prefix {prefix}"
-            )
+        self.check_keep(len(self), prefix, accepted)
         if list(accepted) == list(range(len(accepted))):
             self.crop(prefix + len(accepted))
             return

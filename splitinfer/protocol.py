@@ -144,15 +144,15 @@ def _tensor_specs(header: dict, limits: Limits) -> list[tuple[str, torch.dtype, 
             raise ProtocolError(f"tensor spec {i} must be an object with exactly name, dtype and shape")
         name, dtype, shape = spec["name"], spec["dtype"], spec["shape"]
         if not isinstance(name, str) or not name or len(name) > 64:
-            raise ProtocolError(f"tensor spec {i} has a bad name {name!r}")
+            raise ProtocolError(f"tensor spec {i} has a bad name {short(name)}")
         if not isinstance(dtype, str) or dtype not in _DTYPES:
-            raise ProtocolError(f"tensor {name!r} has unsupported dtype {dtype!r}; allowed: {', '.join(_DTYPES)}")
+            raise ProtocolError(f"tensor {name!r} has unsupported dtype {short(dtype)}; allowed: {', '.join(_DTYPES)}")
         if (
             not isinstance(shape, list)
             or len(shape) > limits.max_dims
             or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**31 for s in shape)
         ):
-            raise ProtocolError(f"tensor {name!r} has a bad shape {shape!r} (at most {limits.max_dims} dims >= 0)")
+            raise ProtocolError(f"tensor {name!r} has a bad shape {short(shape)} (at most {limits.max_dims} dims >= 0)")
         nbytes = math.prod(shape) * _DTYPES[dtype].itemsize
         if nbytes > limits.max_frame_bytes:
             raise ProtocolError(f"tensor {name!r} of shape {shape} would need {nbytes} bytes, over the frame limit")
@@ -188,7 +188,7 @@ def decode_frame(data: bytes | bytearray | memoryview, limits: Limits = DEFAULT_
         raise ProtocolError("frame header must be a JSON object")
     op = header.get("op")
     if not isinstance(op, str) or op not in OPS:  # a list or object here is unhashable: check the type first
-        raise ProtocolError(f"unknown op {op!r}; known: {', '.join(OPS)}")
+        raise ProtocolError(f"unknown op {short(op)}; known: {', '.join(OPS)}")
     _check_fields(op, header, limits)
     specs = _tensor_specs(header, limits)
     payload = data[_PREFIX.size + hlen :]
@@ -219,5 +219,21 @@ def wire_dtype(name: str) -> torch.dtype:
     return WIRE_DTYPES[name]
 
 
+MAX_ECHO_CHARS = 80  # an untrusted value quoted in an error message is cut to this many characters
+MAX_ERROR_CHARS = 2000  # and a whole error message to this many
+
+
+def short(value, limit: int = MAX_ECHO_CHARS) -> str:
+    """``repr(value)`` cut to ``limit`` characters, saying how long it was: for echoing untrusted input."""
+    if isinstance(value, (list, tuple)) and len(value) > 64:  # do not repr a huge list to throw it away
+        value = [*value[:16], "..."]
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} chars)"
+
+
 def error_frame(message: str, **fields) -> bytes:
+    if len(message) > MAX_ERROR_CHARS:
+        message = message[:MAX_ERROR_CHARS] + f"... (cut from {len(message)} chars)"
     return encode_frame("error", {"message": message, **fields})

@@ -8,10 +8,15 @@ naming the problem; the service itself never raises on wire input.
 
 Thread safety: the session table and the counters are guarded by locks, each
 session's cache by its own lock (so one session's frames run one at a time,
-different sessions in parallel). A session may carry an ``owner`` (the
-server passes its connection id): frames naming a session opened by another
-owner are refused as unknown, and :meth:`BodyService.close_owned` drops all
-sessions of a closed connection.
+different sessions in parallel). Quotas: ``max_sessions`` in all,
+``max_sessions_per_owner`` per connection, ``max_context`` positions per
+session (checked before a forward or a ``keep`` changes anything, and again by
+the cache itself); a session expires after ``idle_timeout_s`` without real
+work (a forward, or a commit that changed the cache). A session may carry an
+``owner`` (the server passes its connection id): frames naming a session
+opened by another owner are refused as unknown (and ``stats`` counts only the
+caller's sessions unless ``stats_all``), and :meth:`BodyService.close_owned`
+drops all sessions of a closed connection.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from splitinfer.body_info import BodyInfo
 from splitinfer.decoding.tree import depths, validate_parents
 from splitinfer.errors import ProtocolError, SplitInferError
 from splitinfer.kv_cache import PartKVCache
@@ -37,6 +43,7 @@ from splitinfer.protocol import (
     encode_tensors,
     error_frame,
     require_finite,
+    short,
 )
 
 log = logging.getLogger(__name__)
@@ -46,7 +53,7 @@ log = logging.getLogger(__name__)
 class BodySession:
     cache: PartKVCache
     created: float
-    last_used: float
+    last_used: float  # last *real work*: a forward, or a commit that changed the cache
     forwards: int = 0
     owner: object = None  # who opened it (the server's connection id); None in-process
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -58,16 +65,21 @@ class ServiceLimits:
     max_context: int = 4096
     idle_timeout_s: float = 300.0
     frame: Limits = DEFAULT_LIMITS
+    max_sessions_per_owner: int = 8  # per connection (owner None, in-process: no quota)
+    stats_all: bool = False  # stats show server-wide figures to every client (operator flag --stats-all)
 
 
 class BodyService:
     """Runs a :class:`CloudBody` for many sessions, one frame at a time."""
 
-    def __init__(self, body: CloudBody, info: dict, limits: ServiceLimits = ServiceLimits()):
+    def __init__(self, body: CloudBody, info: BodyInfo, limits: ServiceLimits = ServiceLimits()):
+        if not isinstance(info, BodyInfo):
+            raise TypeError(f"info must be a BodyInfo, got {type(info).__name__}")
         self.body = body
-        self.info = dict(info)  # body_sha256, hidden_size, split, num_layers, model
+        self.info = info
         self.limits = limits
         self.sessions: dict[str, BodySession] = {}
+        self.last_work: dict[object, float] = {}  # owner -> monotonic time of its last real work
         self._lock = threading.Lock()
         self._stats_lock = threading.Lock()
         self.stats = {"requests": 0, "errors": 0, "forwards": 0, "tokens": 0, "sessions_opened": 0}
@@ -106,7 +118,7 @@ class BodyService:
             return reply
         except SplitInferError as e:  # ProtocolError is one
             self._count(errors=1)
-            log.info("refused request: %s", e)
+            log.info("refused request: %s", str(e)[:200])
             return error_frame(str(e))
         except Exception as e:  # a bug, not bad input: report, keep serving
             self._count(errors=1)
@@ -118,43 +130,45 @@ class BodyService:
         f = frame.fields
         if f["protocol"] != PROTOCOL_VERSION:
             raise ProtocolError(f"client speaks protocol {f['protocol']}, server speaks {PROTOCOL_VERSION}")
-        for key in ("body_sha256", "hidden_size", "split", "batch_invariant"):
-            want = f.get(key)
-            if want is not None and want != self.info.get(key, False if key == "batch_invariant" else None):
-                hint = {"hidden_size": "", "batch_invariant": " (start the server with --batch-invariant)"}.get(
-                    key, " (start the server with the same --model, --split and --dtype)")
-                raise ProtocolError(
-                    f"{key} mismatch: client expects {want!r}, this server has {self.info.get(key)!r}{hint}")
-        return "welcome", {"protocol": PROTOCOL_VERSION, **self.info}, {}, 0.0
+        self.info.check(f)
+        return "welcome", {"protocol": PROTOCOL_VERSION, **self.info.public()}, {}, 0.0
 
     def _op_open(self, frame, owner=None):
         self.expire_idle()
+        quota = self.limits.max_sessions_per_owner
         with self._lock:
             if len(self.sessions) >= self.limits.max_sessions:
                 raise ProtocolError(f"server is at its limit of {self.limits.max_sessions} sessions; retry later")
+            if owner is not None and sum(s.owner == owner for s in self.sessions.values()) >= quota:
+                raise ProtocolError(f"this connection already has its quota of {quota} open sessions "
+                                    "(--max-sessions-per-connection); close one first")
             sid = secrets.token_hex(8)
             now = time.monotonic()
-            self.sessions[sid] = BodySession(PartKVCache(), now, now, owner=owner)
+            self.sessions[sid] = BodySession(PartKVCache(self.limits.max_context), now, now, owner=owner)
         self._count(sessions_opened=1)
         return "opened", {"session": sid}, {}, 0.0
 
     def _session(self, sid: str, owner=None) -> BodySession:
         s = self.sessions.get(sid)
         if s is None or s.owner != owner:
-            raise ProtocolError(f"unknown, closed or expired session {sid!r}; open a new session")
-        s.last_used = time.monotonic()
+            raise ProtocolError(f"unknown, closed or expired session {short(sid)}; open a new session")
         return s
 
-    def _apply_keep(self, s: BodySession, keep) -> None:
+    def _worked(self, s: BodySession) -> None:
+        s.last_used = now = time.monotonic()
+        self.last_work[s.owner] = now
+
+    @staticmethod
+    def _parse_keep(keep) -> tuple[int, list[int]] | None:
         if keep is None:
-            return
+            return None
         if not isinstance(keep, dict) or not isinstance(keep.get("prefix"), int) or not isinstance(
             keep.get("accepted"), list
         ):
             raise ProtocolError("'keep' must be {\"prefix\": int, \"accepted\": [int, ...]}")
         if not all(isinstance(i, int) and not isinstance(i, bool) for i in keep["accepted"]):
             raise ProtocolError("'keep.accepted' must hold integers")
-        s.cache.keep(keep["prefix"], keep["accepted"])
+        return keep["prefix"], keep["accepted"]
 
     def _op_forward(self, frame, owner=None):
         f = frame.fields
@@ -163,7 +177,7 @@ class BodyService:
         if hidden is None:
             raise ProtocolError("forward frame carries no 'hidden' tensor")
         positions, parents = f["positions"], f.get("parents")
-        d = self.info["hidden_size"]
+        d = self.info.hidden_size
         if hidden.dim() != 3 or hidden.shape[0] != 1 or hidden.shape[2] != d or hidden.shape[1] != len(positions):
             raise ProtocolError(
                 f"hidden has shape {list(hidden.shape)}; expected [1, {len(positions)}, {d}] "
@@ -174,9 +188,9 @@ class BodyService:
         if not hidden.is_floating_point():
             raise ProtocolError(f"hidden must be a floating tensor, got {hidden.dtype}")
         require_finite(hidden, "hidden")
-        with s.lock:
-            self._apply_keep(s, f.get("keep"))
-            base = len(s.cache)
+        keep = self._parse_keep(f.get("keep"))
+        with s.lock:  # every check before any change: a refused forward leaves the cache as it was
+            base = len(s.cache) if keep is None else PartKVCache.check_keep(len(s.cache), *keep)
             if parents is None:
                 expected = list(range(base, base + len(positions)))
             else:
@@ -192,14 +206,20 @@ class BodyService:
                     f"context of {base + len(positions)} tokens exceeds the server's --max-context "
                     f"{self.limits.max_context}"
                 )
+            if keep is not None:
+                s.cache.keep(*keep)
             t0 = time.perf_counter()
-            out = self.body(
-                hidden.to(self.device, self.dtype), torch.tensor(positions, dtype=torch.long), s.cache, parents
-            )
+            try:
+                out = self.body(
+                    hidden.to(self.device, self.dtype), torch.tensor(positions, dtype=torch.long), s.cache, parents
+                )
+            except BaseException:
+                s.cache.crop(base)  # drop whatever the layers that ran appended
+                raise
             out = out.to(hidden.dtype)  # reply in the dtype the client chose for the wire
             compute_s = time.perf_counter() - t0
             s.forwards += 1
-            s.last_used = time.monotonic()
+            self._worked(s)
         self._count(forwards=1, tokens=len(positions))
         return "result", {"session": f["session"], "length": len(s.cache)}, {"hidden": out}, compute_s
 
@@ -207,12 +227,19 @@ class BodyService:
         f = frame.fields
         s = self._session(f["session"], owner)
         with s.lock:
+            before = len(s.cache)
             if "crop" in f:
                 if not isinstance(f["crop"], int) or isinstance(f["crop"], bool):
                     raise ProtocolError("'crop' must be an integer length")
+                if not 0 <= f["crop"] <= before:
+                    raise ProtocolError(f"cannot crop a KV cache of {before} entries to {short(f['crop'])}")
                 s.cache.crop(f["crop"])
             else:
-                self._apply_keep(s, f.get("keep"))
+                keep = self._parse_keep(f.get("keep"))
+                if keep is not None:
+                    s.cache.keep(*keep)
+            if len(s.cache) != before:  # only a commit that changed something counts as activity
+                self._worked(s)
         return "committed", {"session": f["session"], "length": len(s.cache)}, {}, 0.0
 
     def _op_close(self, frame, owner=None):
@@ -220,21 +247,27 @@ class BodyService:
         with self._lock:
             s = self.sessions.get(sid)
             if s is None or s.owner != owner:
-                raise ProtocolError(f"unknown, closed or expired session {sid!r}")
+                raise ProtocolError(f"unknown, closed or expired session {short(sid)}")
             del self.sessions[sid]
         return "closed", {"session": sid}, {}, 0.0
 
     def _op_stats(self, frame, owner=None):
+        """Figures for the caller's own sessions; server-wide ones only with ``stats_all`` (operator flag)."""
         self.expire_idle()
+        everyone = self.limits.stats_all
+        mine = [s for s in list(self.sessions.values()) if everyone or s.owner == owner]
         kv = 0
-        for s in list(self.sessions.values()):  # other threads may be growing these caches: snapshot each dict
+        for s in mine:  # other threads may be growing these caches: snapshot each dict
             tensors = list(s.cache.keys.values()) + list(s.cache.values.values())
             kv += sum(t.numel() * t.element_size() for t in tensors)
-        with self._stats_lock:
-            counters = dict(self.stats)
-        extra = self.extra_stats() if self.extra_stats is not None else {}
-        fields = {**counters, "sessions": len(self.sessions), "kv_bytes": kv, **self.info, **extra}
-        return "stats_reply", fields, {}, 0.0
+        fields = {"sessions": len(mine), "kv_bytes": kv, "scope": "server" if everyone else "connection",
+                  "max_context": self.limits.max_context, **self.info.public()}
+        if everyone:
+            with self._stats_lock:
+                fields.update(self.stats)
+            fields["model"] = self.info.model
+        extra = self.extra_stats(everyone) if self.extra_stats is not None else {}
+        return "stats_reply", {**fields, **extra}, {}, 0.0
 
     # ---------------------------------------------------------------- housekeeping
     def close_owned(self, owner: object) -> int:
@@ -243,6 +276,7 @@ class BodyService:
             mine = [sid for sid, s in self.sessions.items() if s.owner == owner]
             for sid in mine:
                 del self.sessions[sid]
+            self.last_work.pop(owner, None)
         return len(mine)
 
     def expire_idle(self) -> int:

@@ -38,7 +38,7 @@ from attacks.errors import AttackError
 from attacks.recipes._common import fit_standardizer, standardize
 from attacks.registry import register_attack
 from attacks.tapdata import Taps, as_taps
-from attacks.trainer import fit_module
+from attacks.trainer import digest, fit_module, with_run
 
 log = logging.getLogger(__name__)
 CLASSIFIERS = ("raw", "stats")
@@ -118,6 +118,9 @@ class DepthId(DepthIdentifier):
         x = standardize(hidden, self.mu, self.sd)  # (N, d)
         yt = torch.from_numpy(y)
         self.net = self._build(hidden.shape[1], len(self.depths))
+        self.meta["run"] = {"recipe": self.name, "hparams": self.hparams, "seed": self.seed, "depths": sorted(depths),
+                            "model_sha256": self.meta["model_sha256"], "data": digest(hidden, y)}
+        trainer = with_run(trainer, **self.meta["run"])
         ce = nn.CrossEntropyLoss()
         report = fit_module(self.net, len(x), lambda m, idx: ce(m(x[idx]), yt[idx]), epochs=self.hparams["epochs"],
                             lr=self.hparams["lr"], batch_size=self.hparams["batch_size"], seed=self.seed, cfg=trainer,

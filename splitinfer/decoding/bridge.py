@@ -78,16 +78,25 @@ class RidgeBridge:
         return (x.float() + x.float() @ w[:-1] + w[-1]).to(x.dtype)
 
     # ------------------------------------------------------------------ files
-    def save(self, path: str | Path, meta: dict) -> Path:
-        """Write ``PATH.safetensors`` (G, C) and ``PATH.json`` (``meta`` + dim, ridge, pairs)."""
+    def save(self, path: str | Path, meta: dict, force: bool = False) -> Path:
+        """Write ``PATH.safetensors`` (G, C) and ``PATH.json`` (``meta`` + dim, ridge, pairs), atomically, JSON last.
+
+        A calibration of a different run (another model, split, corpora, wire dtype or
+        ridge) at ``PATH`` is not overwritten unless ``force``.
+        """
         from safetensors.torch import save_file
 
+        from splitinfer.atomic import atomic_file, guard_overwrite, write_json
+
         base = _base(path)
-        base.parent.mkdir(parents=True, exist_ok=True)
-        save_file({"G": self.G.contiguous(), "C": self.C.contiguous()}, str(base.with_suffix(".safetensors")))
+        run = {**{k: meta.get(k) for k in RUN_KEYS}, "hidden_size": self.dim, "ridge": self.ridge}
+        guard_overwrite(base.with_suffix(".json"), run, "run", force, "a bridge calibration")
         info = {"format": FORMAT, "version": VERSION, **meta, "hidden_size": self.dim, "ridge": self.ridge,
-                "pairs": self.n}
-        base.with_suffix(".json").write_text(json.dumps(info, indent=1, sort_keys=True))
+                "pairs": self.n, "run": run}
+        base.with_suffix(".json").unlink(missing_ok=True)  # until the new JSON lands, there is no calibration
+        with atomic_file(base.with_suffix(".safetensors")) as tmp:
+            save_file({"G": self.G.contiguous(), "C": self.C.contiguous()}, str(tmp))
+        write_json(base.with_suffix(".json"), info, indent=1, sort_keys=True)
         return base.with_suffix(".json")
 
     @classmethod
@@ -100,14 +109,21 @@ class RidgeBridge:
         if not js.exists() or not st.exists():
             raise SplitInferError(f"no bridge calibration at {base}: expected {js.name} and {st.name} "
                                   "(write one with `splitinfer draft-calibrate --out PATH`)")
-        info = json.loads(js.read_text())
-        if info.get("format") != FORMAT or info.get("version") != VERSION:
+        try:
+            info = json.loads(js.read_text())
+        except (OSError, ValueError) as e:
+            raise SplitInferError(f"{js} is not readable JSON ({type(e).__name__}); recalibrate") from None
+        if not isinstance(info, dict) or info.get("format") != FORMAT or info.get("version") != VERSION:
             raise SplitInferError(f"{js} is not a {FORMAT} v{VERSION} file")
         for key, want in (expect or {}).items():
             if want not in (None, "") and info.get(key) != want:
                 raise SplitInferError(f"bridge calibration {js} was made for {key}={info.get(key)!r}, not {want!r}; "
                                       "recalibrate for this model and split")
-        tensors = load_file(str(st))
+        try:
+            tensors = load_file(str(st))
+        except Exception as e:  # safetensors raises several types on corrupt files
+            raise SplitInferError(f"{st} is not a readable safetensors file ({type(e).__name__}); recalibrate with "
+                                  "`splitinfer draft-calibrate --force`") from None
         d = int(info["hidden_size"])
         if tuple(tensors["G"].shape) != (d + 1, d + 1) or tuple(tensors["C"].shape) != (d + 1, d):
             raise SplitInferError(f"bridge calibration {st} has tensors of the wrong shape for hidden size {d}")
@@ -115,6 +131,9 @@ class RidgeBridge:
         bridge.G, bridge.C, bridge.n = tensors["G"].double(), tensors["C"].double(), int(info["pairs"])
         bridge.fit()
         return bridge
+
+
+RUN_KEYS = ("model_sha256", "split", "num_layers", "corpora", "wire_dtype")  # with hidden_size, ridge: the run
 
 
 def _base(path: str | Path) -> Path:

@@ -110,16 +110,30 @@ def default_dir(model_sha256: str) -> Path:
     return cache_dir() / "feature_draft" / (model_sha256[:16] or "unknown")
 
 
-def save_head(head: FeatureHead, out: str | Path, meta: dict) -> Path:
-    """Write the weights (safetensors) and ``meta`` + dims (JSON) into directory ``out``; returns the JSON path."""
+RUN_KEYS = ("model_sha256", "vocab_size", "draft_vocab", "seed", "unroll", "steps", "batch", "lr", "reg_weight",
+            "prompt_source", "corpora", "max_new_tokens")  # with hidden_size and mlp_hidden: what makes a run
+
+
+def save_head(head: FeatureHead, out: str | Path, meta: dict, force: bool = False) -> Path:
+    """Write the weights (safetensors) and ``meta`` + dims (JSON) into directory ``out``; returns the JSON path.
+
+    Atomic, JSON last. A head of a different run (another model or training setting) in
+    ``out`` is not overwritten unless ``force``.
+    """
     from safetensors.torch import save_file
 
+    from splitinfer.atomic import atomic_file, guard_overwrite, write_json
+
     st, js = head_files(out)
-    st.parent.mkdir(parents=True, exist_ok=True)
-    save_file({k: (v.detach().float() if v.is_floating_point() else v.detach()).cpu().contiguous()
-               for k, v in head.state_dict().items()}, str(st))
-    info = {"format": FORMAT, "version": VERSION, **meta, "hidden_size": head.dim, "mlp_hidden": head.hidden}
-    js.write_text(json.dumps(info, indent=1, sort_keys=True))
+    run = {**{k: meta.get(k) for k in RUN_KEYS}, "hidden_size": head.dim, "mlp_hidden": head.hidden}
+    guard_overwrite(js, run, "run", force, "a feature-draft head")
+    info = {"format": FORMAT, "version": VERSION, **meta, "hidden_size": head.dim, "mlp_hidden": head.hidden,
+            "run": run}
+    js.unlink(missing_ok=True)  # until the new JSON lands, there is no head here
+    with atomic_file(st) as tmp:
+        save_file({k: (v.detach().float() if v.is_floating_point() else v.detach()).cpu().contiguous()
+                   for k, v in head.state_dict().items()}, str(tmp))
+    write_json(js, info, indent=1, sort_keys=True)
     return js
 
 

@@ -128,7 +128,7 @@ def test_a_client_with_the_kernels_refuses_a_body_without_them(tiny, tiny_bi):
     split = SplitConfig(2, 2)
     body = CloudBody.from_model(tiny.model, split)  # the default kernels
     info = body_info("tiny-random", split, body, tiny.hidden_size, tiny.num_layers)
-    assert info["batch_invariant"] is False
+    assert info.batch_invariant is False
     link = InProcessLink(BodyService(body, info, ServiceLimits()))
     with pytest.raises(CloudError, match="batch_invariant mismatch.*--batch-invariant"):
         SplitModel(tiny_bi, "2,2", cloud=link)

@@ -142,7 +142,7 @@ def test_recovery_is_bounded(tiny, make_service):
 # ---------------------------------------------------------------- a real server process
 @pytest.fixture(scope="module")
 def state(tiny_dir, tmp_path_factory):
-    st = {"server": ServerProcess(tiny_dir, log_dir=tmp_path_factory.mktemp("logs")).wait_ready(),
+    st = {"server": ServerProcess(tiny_dir, "--stats-all", log_dir=tmp_path_factory.mktemp("logs")).wait_ready(),
           "logs": tmp_path_factory.mktemp("logs2")}
     yield st
     st["server"].stop()
@@ -162,7 +162,7 @@ def test_server_killed_mid_generation_and_restarted(tiny, tiny_dir, state, refer
         ids += ev.token_ids
         if i == 15:  # kill -9 the server; a fresh one starts on the same port while the client retries
             first.stop(signal.SIGKILL)
-            state["server"] = ServerProcess(tiny_dir, port=first.port, log_dir=state["logs"])
+            state["server"] = ServerProcess(tiny_dir, "--stats-all", port=first.port, log_dir=state["logs"])
     assert ids == reference.token_ids
     assert tiny.tokenizer.decode(ids, skip_special_tokens=True) == reference.text
     assert sm.remote.recoveries == 1 and link.reconnects == 1

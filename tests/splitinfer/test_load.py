@@ -23,7 +23,7 @@ IDLE_S = 1.5
 
 @pytest.fixture(scope="module")
 def server(tiny_dir, tmp_path_factory):
-    proc = ServerProcess(tiny_dir, "--idle-timeout-s", str(IDLE_S), "--workers", "4",
+    proc = ServerProcess(tiny_dir, "--stats-all", "--idle-timeout-s", str(IDLE_S), "--workers", "4",
                          log_dir=tmp_path_factory.mktemp("logs")).wait_ready()
     yield proc
     proc.stop()

@@ -151,7 +151,7 @@ def service(tiny):
 def test_service_answers_every_input_with_a_frame(service, which, flips, cut):
     opened = decode_frame(service.handle(encode_frame("open")))
     sid = opened.fields["session"]
-    data = bytearray(_valid_frames(sid, service.info["hidden_size"])[which])
+    data = bytearray(_valid_frames(sid, service.info.hidden_size)[which])
     for pos, value in flips:
         data[pos % len(data)] = value
     if cut < 0:

@@ -147,7 +147,7 @@ def test_stats_show_body_only_and_sessions(tiny, server, tls):
     c = _raw(server, tls, token=TOKEN)
     c.open()
     s = c.stats()
-    assert s["sessions"] >= 1 and s["connections"] >= 1
+    assert s["sessions"] == 1 and s["scope"] == "connection"  # own sessions only (no --stats-all)
     assert not s["has_embedding"] and not s["has_lm_head"]
     assert all(m.startswith("layers.") or m == "rotary_emb" for m in s["loaded_modules"])
     body_layers = tiny.model.model.layers[2 : tiny.num_layers - 2]

@@ -41,7 +41,8 @@ PROMPT = "The quick brown fox"
 @pytest.fixture(scope="module")
 def server(tiny_dir, tmp_path_factory):
     """1 MiB frames, 64-token context, short hello/handshake/keepalive timeouts (idle expiry: test_load)."""
-    proc = ServerProcess(tiny_dir, "--max-frame-mb", "1", "--max-context", str(MAX_CONTEXT), "--hello-timeout-s", "1",
+    proc = ServerProcess(tiny_dir, "--stats-all", "--max-frame-mb", "1", "--max-context", str(MAX_CONTEXT),
+                         "--hello-timeout-s", "1",
                          "--open-timeout-s", "1", "--ping-interval-s", "1", "--ping-timeout-s", "1",
                          "--close-timeout-s", "1", log_dir=tmp_path_factory.mktemp("logs")).wait_ready()
     yield proc
