@@ -34,3 +34,17 @@ def test_a_small_run_records_its_kernels_head_and_options(feature_head_dir, batc
     results["targets"] = targets(summarize(results), results)
     report = format_report(results)
     assert f"{cfg['kernels']} kernels" in report and "fitted CPU costs" in report
+
+
+def test_peers_and_token_recycling_replay_in_a_small_run():
+    sm = SplitModel(load_model("tiny-random"), "2,2", wire_dtype="fp32")
+    results = run_decoding_bench(sm, max_new_tokens=16, prompts_per_category=1, ablation=True, ablation_prompts=0,
+                                 proposers=["sequential", "ngram-pool", "token-recycling", "combined"])
+    peer = results["peers"]["transformers prompt-lookup k=10 (unsplit)"]
+    assert len(peer) == 4 and all(r["forwards"] >= 1 and r["tau"] == r["tokens"] / r["forwards"] for r in peer)
+    assert results["peers"]["assisted generation"].startswith("n/a")
+    assert results["replay_checks"]["token-recycling"] is True  # committed-only learning replays exactly
+    assert "token-recycling k=2 T=8" in results["runs"]
+    results["targets"] = targets(summarize(results), results)
+    assert any("transformers prompt-lookup" in k for k in results["targets"])
+    assert "peers on the unsplit model" in format_report(results)
