@@ -36,13 +36,12 @@ def tau(records) -> float:
 
 
 def modelled(model: StepTimeModel, records, rtt: float, flat: bool = False) -> float:
+    """Modelled tok/s of these runs' decode steps (model drafters' measured drafting time added)."""
     proj = model.project(rtt, BANDWIDTH)
-    ms = tokens = 0.0
-    for r in records:
-        for s in _steps([r], decode_only=True):
-            ms += proj.predict(s.tokens_sent, flat) + (s.draft_ms if r.get("needs_model") else 0.0)
-            tokens += s.tokens_committed
-    return 1e3 * tokens / ms if ms > 0 else 0.0
+    plain = [s for r in records if not r.get("needs_model") for s in _steps([r], decode_only=True)]
+    drafting = [s for r in records if r.get("needs_model") for s in _steps([r], decode_only=True)]
+    ms = proj.total_ms(plain, flat) + proj.total_ms(drafting, flat, add_draft_ms=True)
+    return 1e3 * sum(s.tokens_committed for s in plain + drafting) / ms if ms > 0 else 0.0
 
 
 def by_category(records) -> dict[str, list[dict]]:

@@ -48,15 +48,22 @@ SWEEP = {
 }
 
 
-def build_refs(sm, humaneval: int, max_new_tokens: int) -> dict:
-    """Greedy outputs, top-k rows and transformers' prompt lookup for every prompt (see the module docstring)."""
+def build_refs(sm, humaneval: int, max_new_tokens: int, cache: Path | None = None) -> dict:
+    """Greedy outputs, top-k rows and transformers' prompt lookup for every prompt (see the module docstring).
+
+    With ``cache`` each prompt's entry is saved as it is done (``cache``.partN), so an interrupted build resumes.
+    """
     from benchmarks.decoding import _eos
 
     model, eos = sm.loaded.model, _eos(sm)
     items = [(cat, p) for cat, ps in PROMPTS.items() for p in ps]
     items += [("humaneval", p) for p in humaneval_prompts(humaneval)] if humaneval else []
     refs = []
-    for cat, text in items:
+    for i, (cat, text) in enumerate(items):
+        part = cache.with_suffix(f".part{i}") if cache else None
+        if part is not None and part.exists():
+            refs.append(torch.load(part, weights_only=False))
+            continue
         ids = sm.encode_prompt(text, chat=True)
         t0 = time.perf_counter()
         out, forwards = hf_generate(model, ids, max_new_tokens, eos)
@@ -64,6 +71,10 @@ def build_refs(sm, humaneval: int, max_new_tokens: int) -> dict:
         pl = prompt_lookup_runs(model, [ids], [out], max_new_tokens, eos)[0]
         refs.append({"category": cat, "ids": ids, "output": out, "greedy_forwards": forwards, "greedy_s": seq_s,
                      "prompt_lookup": pl, "topk": top_tokens_of(model, ids, out, TOPK)})
+        if part is not None:
+            torch.save(refs[-1], part)
+        print(f"[{i + 1}/{len(items)}] {cat}: {len(out)} tokens, greedy {seq_s:.1f} s, "
+              f"prompt lookup tau {pl['tau']:.2f}", flush=True)
     return {"max_new_tokens": max_new_tokens, "eos": sorted(eos), "vocab_size": int(model.config.vocab_size),
             "model_sha256": sm.loaded.sha256, "refs": refs}
 
@@ -132,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         from splitinfer.models import load_model
 
         sm = SplitModel(load_model("default"), "2,2", wire_dtype="fp32")
-        torch.save(build_refs(sm, args.humaneval, args.max_new_tokens), path)
+        torch.save(build_refs(sm, args.humaneval, args.max_new_tokens, path), path)
     data = torch.load(path, weights_only=False)
     cats = [*PROMPTS, *(["humaneval"] if any(r["category"] == "humaneval" for r in data["refs"]) else [])]
     configs = dict(_parse_config(c) for c in args.config) or SWEEP

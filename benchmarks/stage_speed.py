@@ -12,7 +12,7 @@ import statistics
 
 from tqdm import tqdm
 
-from benchmarks import rtt_model
+from splitinfer import timing as rtt_model
 from benchmarks.exactness import PROMPTS as EXACT_PROMPTS
 from benchmarks.exactness import compare, unsplit_reference
 from benchmarks.prompts import PROMPTS as CATEGORY_PROMPTS

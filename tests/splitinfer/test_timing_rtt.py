@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from benchmarks import rtt_model
+from splitinfer import timing as rtt_model
 from splitinfer.timing import StepTiming
 
 
