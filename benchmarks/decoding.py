@@ -68,6 +68,8 @@ RTTS = (20.0, 80.0)
 BANDWIDTH = 100.0
 BUDGETS = (8, 16, 32, 64)
 NGRAMS = (3, 4, 5, 6, 7)
+HF_RULE = "prompt-lookup transformers-rule"  # our prompt-lookup with transformers' matching rule, replayed
+HF_PROMPT_LOOKUP = {"ngram": 2, "draft_budget": 10, "occurrence": "first"}
 TOPK = 8  # top tokens per replayed row (token-recycling's k at most)
 TR_KS = (2, 4, 8)
 
@@ -246,6 +248,11 @@ def run_decoding_bench(
         "peers": results_peers,
         "noise_floor": {"chunk": 16, "per_prompt": bench.floor, "max": max(bench.floor)},
     }
+    if peers:  # our replay of transformers' rule against its real runs: the same forwards, prompt by prompt?
+        bench.replayed(HF_RULE, "prompt-lookup", HF_PROMPT_LOOKUP)
+        real = next(v for v in results_peers.values() if isinstance(v, list))
+        results["replay_checks"]["transformers prompt lookup rule"] = (
+            [len(r["steps"]) for r in bench.runs[HF_RULE]] == [r["forwards"] for r in real])
     if ablation:
         _ablation(bench, model, ablation_prompts, results)
     results["runs"] = bench.runs

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.decoding import HF_PROMPT_LOOKUP
 from benchmarks.decoding_peers import PROMPT_LOOKUP_TOKENS, prompt_lookup_runs
 from benchmarks.prompts import PROMPTS, humaneval_prompts
 from splitinfer.decoding.base import DecodingEnv, make_proposer
@@ -33,19 +34,28 @@ TOPK = 8
 CPU80 = {"step_ms": 214.4, "token_ms": 4.59}  # reports/decoding: fitted CPU step costs projected to 80 ms
 FLAT80 = {"step_ms": 218.6, "token_ms": 0.385}  # the same with a flat per-step compute (GPU-like)
 NO_LA = {"lookahead": "off"}
-SWEEP = {
+HF_PL = HF_PROMPT_LOOKUP  # transformers' rule (ngram 2, k = 10, first match, cut at EOS), replayed
+TR3 = "suffix,prompt-lookup,ngram-pool,token-recycling"
+SWEEP = {  # label -> (proposer, options); replayed on the project's prompts
     "ngram-pool": ("ngram-pool", {}),
     "prompt-lookup": ("prompt-lookup", {}),
+    "transformers prompt lookup rule (k=10)": ("prompt-lookup", HF_PL),
     "suffix": ("suffix", {}),
     "token-recycling": ("token-recycling", {}),
-    "token-recycling dynamic": ("token-recycling", {"tree": "dynamic"}),
-    "combined (seed default sources)": ("combined", {**CPU80, **NO_LA, "sources": "suffix,prompt-lookup,ngram-pool"}),
-    "combined": ("combined", {**CPU80, **NO_LA}),
-    "combined flat@80": ("combined", {**FLAT80, **NO_LA}),
-    "combined -suffix": ("combined", {**CPU80, **NO_LA, "sources": "prompt-lookup,ngram-pool,token-recycling"}),
-    "combined -prompt-lookup": ("combined", {**CPU80, **NO_LA, "sources": "suffix,ngram-pool,token-recycling"}),
-    "combined -ngram-pool": ("combined", {**CPU80, **NO_LA, "sources": "suffix,prompt-lookup,token-recycling"}),
+    "token-recycling k=4": ("token-recycling", {"k": 4}),
+    "token-recycling T=64": ("token-recycling", {"draft_budget": 64}),
+    "token-recycling T=64 depth=8": ("token-recycling", {"draft_budget": 64, "max_depth": 8}),
+    "token-recycling dynamic T=64": ("token-recycling", {"tree": "dynamic", "draft_budget": 64}),
+    "combined (seed sources)": ("combined", {**CPU80, **NO_LA, "sources": "suffix,prompt-lookup,ngram-pool"}),
+    "combined +tr": ("combined", {**CPU80, **NO_LA, "sources": TR3}),
+    "combined +tr T=64": ("combined", {**CPU80, **NO_LA, "sources": TR3, "draft_budget": 64}),
+    "combined +tr flat@80 T=64": ("combined", {**FLAT80, **NO_LA, "sources": TR3, "draft_budget": 64}),
+    "combined +tr -suffix": ("combined", {**CPU80, **NO_LA, "sources": "prompt-lookup,ngram-pool,token-recycling"}),
+    "combined +tr -prompt-lookup": ("combined", {**CPU80, **NO_LA, "sources": "suffix,ngram-pool,token-recycling"}),
+    "combined +tr -ngram-pool": ("combined", {**CPU80, **NO_LA, "sources": "suffix,prompt-lookup,token-recycling"}),
 }
+REPORT_ONLY = ("ngram-pool", "prompt-lookup", "transformers prompt lookup rule (k=10)", "token-recycling", "combined (seed sources)", "combined +tr",
+               "combined +tr T=64")  # also replayed on HumanEval (never tuned on)
 
 
 @torch.no_grad()
@@ -163,7 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     have_peers = all("prompt_lookup" in r for r in data["refs"])
     rows = {f"transformers prompt lookup (k={PROMPT_LOOKUP_TOKENS})": peer_row(data, cats)} if have_peers else {}
     for label, (name, options) in configs.items():
-        rows[label] = table_row(replay_config(data, name, options, set(cats)), cats)
+        use = set(cats) if (args.config or label in REPORT_ONLY) else set(PROMPTS)
+        t0 = time.perf_counter()
+        rows[label] = table_row(replay_config(data, name, options, use), cats)
+        print(f"{label}: {rows[label]} ({time.perf_counter() - t0:.0f} s)", flush=True)
     print(format_table(rows, cats))
     if have_peers:
         same = sum(r["prompt_lookup"]["token_identical"] for r in data["refs"])

@@ -45,6 +45,7 @@ def test_peers_and_token_recycling_replay_in_a_small_run():
     assert results["peers"]["assisted generation"].startswith("n/a")
     assert results["replay_checks"]["token-recycling"] is True  # committed-only learning replays exactly
     assert "token-recycling k=2 T=8" in results["runs"]
+    assert results["replay_checks"]["transformers prompt lookup rule"] is True  # our replay = its real runs
     results["targets"] = targets(summarize(results), results)
     assert any("transformers prompt-lookup" in k for k in results["targets"])
     assert "peers on the unsplit model" in format_report(results)
