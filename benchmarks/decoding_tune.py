@@ -35,27 +35,30 @@ CPU80 = {"step_ms": 214.4, "token_ms": 4.59}  # reports/decoding: fitted CPU ste
 FLAT80 = {"step_ms": 218.6, "token_ms": 0.385}  # the same with a flat per-step compute (GPU-like)
 NO_LA = {"lookahead": "off"}
 HF_PL = HF_PROMPT_LOOKUP  # transformers' rule (ngram 2, k = 10, first match, cut at EOS), replayed
-TR3 = "suffix,prompt-lookup,ngram-pool,token-recycling"
 SWEEP = {  # label -> (proposer, options); replayed on the project's prompts
     "ngram-pool": ("ngram-pool", {}),
     "prompt-lookup": ("prompt-lookup", {}),
     "transformers prompt lookup rule (k=10)": ("prompt-lookup", HF_PL),
     "suffix": ("suffix", {}),
     "token-recycling": ("token-recycling", {}),
-    "token-recycling k=4": ("token-recycling", {"k": 4}),
-    "token-recycling T=64": ("token-recycling", {"draft_budget": 64}),
-    "token-recycling T=64 depth=8": ("token-recycling", {"draft_budget": 64, "max_depth": 8}),
-    "token-recycling dynamic T=64": ("token-recycling", {"tree": "dynamic", "draft_budget": 64}),
-    "combined (seed sources)": ("combined", {**CPU80, **NO_LA, "sources": "suffix,prompt-lookup,ngram-pool"}),
-    "combined +tr": ("combined", {**CPU80, **NO_LA, "sources": TR3}),
-    "combined +tr T=64": ("combined", {**CPU80, **NO_LA, "sources": TR3, "draft_budget": 64}),
-    "combined +tr flat@80 T=64": ("combined", {**FLAT80, **NO_LA, "sources": TR3, "draft_budget": 64}),
-    "combined +tr -suffix": ("combined", {**CPU80, **NO_LA, "sources": "prompt-lookup,ngram-pool,token-recycling"}),
-    "combined +tr -prompt-lookup": ("combined", {**CPU80, **NO_LA, "sources": "suffix,ngram-pool,token-recycling"}),
-    "combined +tr -ngram-pool": ("combined", {**CPU80, **NO_LA, "sources": "suffix,prompt-lookup,token-recycling"}),
+    "token-recycling static d6 (paper-like)": ("token-recycling", {"tree": "static", "max_depth": 6}),
+    "token-recycling static d10": ("token-recycling", {"tree": "static", "max_depth": 10}),
+    "token-recycling dynamic d6": ("token-recycling", {"max_depth": 6}),
+    "token-recycling k4": ("token-recycling", {"k": 4}),
+    "token-recycling k2": ("token-recycling", {"k": 2}),
+    "token-recycling T16": ("token-recycling", {"draft_budget": 16}),
+    "token-recycling T64": ("token-recycling", {"draft_budget": 64}),
+    "combined (default)": ("combined", {**CPU80, **NO_LA}),
+    "combined T16": ("combined", {**CPU80, **NO_LA, "draft_budget": 16}),
+    "combined T64": ("combined", {**CPU80, **NO_LA, "draft_budget": 64}),
+    "combined flat@80": ("combined", {**FLAT80, **NO_LA}),
+    "combined -suffix": ("combined", {**CPU80, **NO_LA, "sources": "prompt-lookup,ngram-pool,token-recycling"}),
+    "combined -prompt-lookup": ("combined", {**CPU80, **NO_LA, "sources": "suffix,ngram-pool,token-recycling"}),
+    "combined -ngram-pool": ("combined", {**CPU80, **NO_LA, "sources": "suffix,prompt-lookup,token-recycling"}),
+    "combined -token-recycling": ("combined", {**CPU80, **NO_LA, "sources": "suffix,prompt-lookup,ngram-pool"}),
 }
-REPORT_ONLY = ("ngram-pool", "prompt-lookup", "transformers prompt lookup rule (k=10)", "token-recycling", "combined (seed sources)", "combined +tr",
-               "combined +tr T=64")  # also replayed on HumanEval (never tuned on)
+REPORT_ONLY = ("ngram-pool", "prompt-lookup", "transformers prompt lookup rule (k=10)", "token-recycling",
+               "combined (default)", "combined -token-recycling")  # also replayed on HumanEval (never tuned on)
 
 
 @torch.no_grad()
@@ -137,6 +140,23 @@ def format_table(rows: dict[str, dict[str, float]], cats: list[str]) -> str:
     return "\n".join(lines)
 
 
+def targets(rows: dict[str, dict[str, float]]) -> list[str]:
+    """Issue 15's tau targets for the default combined, from the replayed rows (when present)."""
+    c, g = rows.get("combined (default)"), rows.get("ngram-pool")
+    p = rows.get("transformers prompt lookup rule (k=10)")
+    if not (c and g and p):
+        return []
+    checks = [("tau / ngram-pool tau (mean of the 4 categories)", c["mean"] / g["mean"], 1.6),
+              ("tau on code", c["code"], 2.5),
+              ("tau / transformers prompt lookup tau, code", c["code"] / p["code"], 1.8),
+              ("tau / transformers prompt lookup tau, mean", c["mean"] / p["mean"], 1.5)]
+    if "humaneval" in c and "humaneval" in p:
+        checks.append(("(report only) tau / transformers prompt lookup tau, HumanEval", c["humaneval"] / p["humaneval"],
+                       1.8))
+    return [f"combined (default): {what}: {v:.2f} (target {goal}) -> {'MET' if v >= goal else 'NOT MET'}"
+            for what, v, goal in checks]
+
+
 def _parse_config(text: str) -> tuple[str, tuple[str, dict]]:
     label, _, spec = text.partition("=")
     name, _, opts = spec.partition(":")
@@ -178,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         rows[label] = table_row(replay_config(data, name, options, use), cats)
         print(f"{label}: {rows[label]} ({time.perf_counter() - t0:.0f} s)", flush=True)
     print(format_table(rows, cats))
+    for line in targets(rows):
+        print(line)
     if have_peers:
         same = sum(r["prompt_lookup"]["token_identical"] for r in data["refs"])
         print(f"transformers prompt lookup identical to greedy: {same}/{len(data['refs'])}; assisted generation: n/a")
