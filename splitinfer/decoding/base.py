@@ -194,6 +194,12 @@ class Proposer(ABC):
         """Start a new generation for ``prompt`` (default: remember the env)."""
         self.env = env
 
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        """The run's EOS tokens (empty before :meth:`begin`)."""
+        env = getattr(self, "env", None)
+        return env.eos_ids if env is not None else frozenset()
+
     @abstractmethod
     def propose(self, context: list[int]) -> Draft:
         """Return a draft continuing ``context`` (empty = no guess this step)."""

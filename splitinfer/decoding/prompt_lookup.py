@@ -64,7 +64,7 @@ class PromptLookup(Proposer):
     def candidates(self, context: list[int]) -> list[Candidate]:
         n, conts = find_continuations(context, self.ngram, self.k, self.max_candidates, self.first)
         if self.first:  # transformers' rule: a guess stops before its first EOS
-            eos = self.env.eos_ids if hasattr(self, "env") else frozenset()
+            eos = self.eos_ids
             conts = [c[: next((i for i, t in enumerate(c) if t in eos), len(c))] for c in conts]
             conts = [c for c in conts if c]
         conf = n / (n + 1.0)  # longer matches are more trustworthy

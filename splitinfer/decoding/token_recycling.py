@@ -117,7 +117,7 @@ class TokenRecycling(Proposer):
         return self._dynamic(context[-1])
 
     def _static(self, last: int) -> list[tuple[int, int, float, float]]:
-        eos = self.env.eos_ids if hasattr(self, "env") else frozenset()
+        eos = self.eos_ids
         out: list[tuple[int, int, float, float]] = []
         index: dict[int, int] = {}  # shape index -> out index (absent: the node has no token)
         for s, (parent, rank) in enumerate(self.shape):
@@ -134,7 +134,7 @@ class TokenRecycling(Proposer):
         return out
 
     def _dynamic(self, last: int) -> list[tuple[int, int, float, float]]:
-        eos = self.env.eos_ids if hasattr(self, "env") else frozenset()
+        eos = self.eos_ids
         out: list[tuple[int, int, float, float]] = []
         heap: list[tuple[float, int, int, int, float, int]] = []  # (-path p, tie, token, parent, cond, depth)
         tie = 0
