@@ -29,7 +29,7 @@ def test_a_small_run_records_its_kernels_head_and_options(feature_head_dir, batc
     assert {"feature-draft", "combined+feature-draft", "combined", "ngram-pool"} <= set(runs)
     assert all(r["token_identical"] for recs in runs.values() for r in recs)
     if batch_invariant:  # bit for bit: every proposer, and the unsplit model in 16-token forwards
-        assert all(r["max_logit_diff"] == 0.0 for recs in runs.values() for r in recs)
+        assert all(r["max_logit_diff"] == 0.0 for recs in runs.values() for r in recs if not r.get("replayed"))
         assert results["noise_floor"]["max"] == 0.0
     results["targets"] = targets(summarize(results), results)
     report = format_report(results)
