@@ -33,6 +33,12 @@ in-process link with an fp32 wire:
    prompts per category (it learns from the model's outputs and cannot be
    replayed).
 
+4. *Peers* (issue 15 item 3): transformers' prompt lookup
+   (``prompt_lookup_num_tokens=10``) on the unsplit model, tau = new tokens /
+   forward calls (:mod:`benchmarks.decoding_peers`), each output checked
+   against the sequential one; assisted generation is n/a (no smaller model
+   with the same tokenizer offline).
+
 Tables go to stdout (:mod:`benchmarks.decoding_report`), figures and the
 raw results to ``--out``.
 """
@@ -51,7 +57,7 @@ from splitinfer import atomic, batch_invariant
 from splitinfer.client import SplitModel
 from splitinfer.decoding.base import DecodingEnv, list_proposers, make_proposer
 from splitinfer.decoding.combined import DEFAULT_SOURCES
-from splitinfer.decoding.replay import replay
+from splitinfer.decoding.replay import replay, top_tokens_of
 from splitinfer.errors import SplitInferError
 from splitinfer.timing import StepTimeModel, StepTiming, cross_validate, fit
 
@@ -61,6 +67,10 @@ RTTS = (20.0, 80.0)
 BANDWIDTH = 100.0
 BUDGETS = (8, 16, 32, 64)
 NGRAMS = (3, 4, 5, 6, 7)
+HF_RULE = "prompt-lookup transformers-rule"  # our prompt-lookup with transformers' matching rule, replayed
+HF_PROMPT_LOOKUP = {"ngram": 2, "draft_budget": 10, "occurrence": "first"}
+TOPK = 8  # top tokens per replayed row (token-recycling's k at most)
+TR_KS = (2, 4, 8)
 
 
 def _run_record(res, ref, cat: str, needs_model: bool = False) -> dict:
@@ -135,6 +145,7 @@ class DecodingBench:
         self.runs["sequential"] = [_run_record(r, r, cat) for r, (cat, _) in zip(self.refs, self.items)]
         model = self.sm.loaded.model
         self.floor = [noise_floor(model, ids, r.token_ids, r.logits) for ids, r in zip(self.ids, self.refs)]
+        self.topk = [top_tokens_of(model, ids, r.token_ids, TOPK) for ids, r in zip(self.ids, self.refs)]
 
     def measure(self, label: str, name: str, options: dict | None = None, subset: list[int] | None = None) -> None:
         """Real runs of one proposer (one instance across the prompts, in order)."""
@@ -152,8 +163,8 @@ class DecodingBench:
         """Exact replay of one proposer against the sequential outputs (no model)."""
         proposer = make_proposer(name, **(options or {}))
         records = []
-        for ids, ref, (cat, _) in zip(self.ids, self.refs, self.items):
-            steps = replay(proposer, ids, ref.token_ids, self.max_new, self.env, cost)
+        for ids, ref, (cat, _), topk in zip(self.ids, self.refs, self.items, self.topk):
+            steps = replay(proposer, ids, ref.token_ids, self.max_new, self.env, cost, topk)
             records.append({"category": cat, "tokens": len(ref.token_ids), "steps": [s.to_dict() for s in steps],
                             "wall_s": None, "token_identical": True, "max_logit_diff": None, "replayed": True})
         self.runs[label] = records
@@ -185,6 +196,7 @@ def run_decoding_bench(
     draft_calibration: str | None = None,
     draft_head: str | None = None,
     feature_draft_options: dict | None = None,
+    peers: bool = True,
 ) -> dict:
     """Run the whole benchmark and return its results (see the module docstring)."""
     prompts = {c: ps[:prompts_per_category] for c, ps in PROMPTS.items()}
@@ -196,6 +208,7 @@ def run_decoding_bench(
     bench = DecodingBench(sm, prompts, max_new_tokens, tolerance)
     t_start = time.perf_counter()
     bench.reference()
+    results_peers = _peers(bench) if peers else {}
     names = [n for n in wanted if n not in ("sequential", "combined", "local-draft", "feature-draft")]
     for name in names:
         bench.measure(name, name)
@@ -231,8 +244,14 @@ def run_decoding_bench(
         "step_model": model.to_dict(),
         "cross_validation": cross_validate(all_steps, 0.0, None, skip_prefill=False),
         "replay_checks": {},
+        "peers": results_peers,
         "noise_floor": {"chunk": 16, "per_prompt": bench.floor, "max": max(bench.floor)},
     }
+    if peers:  # our replay of transformers' rule against its real runs: the same forwards, prompt by prompt?
+        bench.replayed(HF_RULE, "prompt-lookup", HF_PROMPT_LOOKUP)
+        real = next(v for v in results_peers.values() if isinstance(v, list))
+        results["replay_checks"]["transformers prompt lookup rule"] = (
+            [len(r["steps"]) for r in bench.runs[HF_RULE]] == [r["forwards"] for r in real])
     if ablation:
         _ablation(bench, model, ablation_prompts, results)
     results["runs"] = bench.runs
@@ -240,9 +259,20 @@ def run_decoding_bench(
     return results
 
 
+def _peers(bench: DecodingBench) -> dict:
+    """transformers' prompt lookup on the unsplit model, per prompt (tau = tokens / forwards; identity)."""
+    from benchmarks.decoding_peers import ASSISTED, PROMPT_LOOKUP_TOKENS, prompt_lookup_runs
+
+    recs = prompt_lookup_runs(bench.sm.loaded.model, bench.ids, [r.token_ids for r in bench.refs], bench.max_new,
+                              _eos(bench.sm))
+    for rec, (cat, _) in zip(recs, bench.items):
+        rec["category"] = cat
+    return {f"transformers prompt-lookup k={PROMPT_LOOKUP_TOKENS} (unsplit)": recs, "assisted generation": ASSISTED}
+
+
 def _ablation(bench: DecodingBench, model: StepTimeModel, ablation_prompts: int, results: dict) -> None:
     checks = results["replay_checks"]
-    for name, opts in (("ngram-pool", {}), ("prompt-lookup", {}), ("suffix", {}),
+    for name, opts in (("ngram-pool", {}), ("prompt-lookup", {}), ("suffix", {}), ("token-recycling", {}),
                        ("combined", results["config"]["combined_options"])):
         if name in bench.runs:
             label = f"{name} (replay)"
@@ -259,6 +289,8 @@ def _ablation(bench: DecodingBench, model: StepTimeModel, ablation_prompts: int,
     for t in BUDGETS:
         bench.replayed(f"prompt-lookup T={t}", "prompt-lookup", {"draft_budget": t})
         bench.replayed(f"suffix T={t}", "suffix", {"draft_budget": t})
+        for k in TR_KS:
+            bench.replayed(f"token-recycling k={k} T={t}", "token-recycling", {"k": k, "draft_budget": t})
         bench.replayed(f"combined T={t} fixed", "combined", {"draft_budget": t, "adaptive": False,
                                                              "lookahead": "off"})
     for rtt in RTTS:
@@ -268,7 +300,7 @@ def _ablation(bench: DecodingBench, model: StepTimeModel, ablation_prompts: int,
             label = f"combined-no-lookahead sized {'gpu-flat' if flat else 'cpu'}@{rtt:g}ms"
             bench.replayed(label, "combined", {"step_ms": step_ms, "token_ms": token_ms, "lookahead": "off"})
     subset = [i for c in PROMPTS for i in [j for j, (cat, _) in enumerate(bench.items) if cat == c][:ablation_prompts]]
-    for n in NGRAMS:
+    for n in NGRAMS if subset else ():  # --ablation-prompts 0: no lookahead sweep (not empty rows)
         bench.measure(f"lookahead N={n}", "lookahead", {"ngram": n}, subset=subset)
 
 

@@ -36,13 +36,12 @@ def tau(records) -> float:
 
 
 def modelled(model: StepTimeModel, records, rtt: float, flat: bool = False) -> float:
+    """Modelled tok/s of these runs' decode steps (model drafters' measured drafting time added)."""
     proj = model.project(rtt, BANDWIDTH)
-    ms = tokens = 0.0
-    for r in records:
-        for s in _steps([r], decode_only=True):
-            ms += proj.predict(s.tokens_sent, flat) + (s.draft_ms if r.get("needs_model") else 0.0)
-            tokens += s.tokens_committed
-    return 1e3 * tokens / ms if ms > 0 else 0.0
+    plain = [s for r in records if not r.get("needs_model") for s in _steps([r], decode_only=True)]
+    drafting = [s for r in records if r.get("needs_model") for s in _steps([r], decode_only=True)]
+    ms = proj.total_ms(plain, flat) + proj.total_ms(drafting, flat, add_draft_ms=True)
+    return 1e3 * sum(s.tokens_committed for s in plain + drafting) / ms if ms > 0 else 0.0
 
 
 def by_category(records) -> dict[str, list[dict]]:
@@ -81,6 +80,20 @@ def summarize(results: dict) -> dict:
     return table
 
 
+def peer_table(results: dict) -> dict:
+    """Per peer (transformers' own speculative decoding): tau per category (tokens / forwards) and identity."""
+    out = {}
+    for label, recs in results.get("peers", {}).items():
+        if not isinstance(recs, list):
+            continue
+        cats = by_category(recs)
+        row = {"tau": {c: sum(r["tokens"] for r in rs) / sum(r["forwards"] for r in rs) for c, rs in cats.items()},
+               "identical": sum(bool(r["token_identical"]) for r in recs), "n": len(recs)}
+        row["tau"]["mean"] = sum(row["tau"][c] for c in cats) / len(cats)
+        out[label] = row
+    return out
+
+
 def targets(table: dict, results: dict) -> dict:
     """The issue's targets, each with the figures behind it, for each combined configuration.
 
@@ -103,6 +116,14 @@ def targets(table: dict, results: dict) -> dict:
             worst = min(table[label][key][k] / table["sequential"][key][k] for k in table[label][key])
             out[f"{label}: modelled tok/s / sequential at 80 ms (worst category, {kind} costs)"] = {
                 "value": worst, "target": 1.0, "met": worst >= 1.0}
+    for peer, row in peer_table(results).items():
+        if "combined" in table and "prompt-lookup" in peer:
+            c, p = table["combined"]["tau"], row["tau"]
+            for what, key, goal in (("code", "code", 1.8), ("mean over categories", "mean", 1.5)):
+                v = c.get(key, 0.0) / p[key] if p.get(key) else 0.0
+                out[f"combined: tau / {peer} tau ({what})"] = {"value": v, "target": goal, "met": v >= goal}
+            out[f"{peer}: outputs identical to sequential (of {row['n']})"] = {
+                "value": row["identical"], "target": row["n"], "met": row["identical"] == row["n"]}
     tol = results["config"]["tolerance"]
     real = [r for recs in results["runs"].values() for r in recs if not r.get("replayed")]
     mismatched = sum(not r["token_identical"] for r in real)
@@ -179,6 +200,13 @@ def format_report(results: dict) -> str:
                  f"{m['bytes'][1]:.0f}T; {m['n_steps']} steps; {cv['folds']}-fold CV: median |err| "
                  f"{100 * cv['mape']:.1f}% per step, summed-time error {100 * cv['total_error']:+.1f}%")
     parts.append(f"replay == measured step for step: {results['replay_checks']}")
+    peers = peer_table(results)
+    if peers:
+        parts.append("\n== peers on the unsplit model: tau = new tokens / forward calls ==")
+        parts.append(_fmt_table(["decoding", *cats, "mean", "identical"], [
+            [k, *[r["tau"].get(c, float("nan")) for c in cats], r["tau"]["mean"], f"{r['identical']}/{r['n']}"]
+            for k, r in peers.items()]))
+        parts.append(f"assisted generation: {results['peers'].get('assisted generation', 'n/a')}")
     if results.get("patch"):
         parts.append(f"note: {results['patch']}")
     parts.append("\n== targets ==")

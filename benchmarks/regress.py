@@ -127,7 +127,9 @@ def _check_one(
         has_ci = width > MIN_ACCURACY_TOL
         why = f"allowed change {tol:.3g} = baseline CI width" if has_ci else "baseline has no CI"
         return reg("accuracy", f"{word} from {_fmt(b)} to {_fmt(c)} ({why})") if bad else None
-    # efficiency
+    # efficiency: the tolerance widens to the baseline's own measured spread (ci width / value), when recorded
+    if base["ci_low"] is not None and b:
+        rel_tol = min(0.9, max(rel_tol, (base["ci_high"] - base["ci_low"]) / abs(b)))
     bad = c < b * (1 - rel_tol) if higher else c > b * (1 + rel_tol)
     if not bad:
         return None

@@ -12,7 +12,7 @@ import statistics
 
 from tqdm import tqdm
 
-from benchmarks import rtt_model
+from splitinfer import timing as rtt_model
 from benchmarks.exactness import PROMPTS as EXACT_PROMPTS
 from benchmarks.exactness import compare, unsplit_reference
 from benchmarks.prompts import PROMPTS as CATEGORY_PROMPTS
@@ -85,6 +85,18 @@ def _decode_steps(runs: list[dict]) -> list[StepTiming]:
     return [s for r in runs for s in r["steps"][1:]]
 
 
+def _spread(model, steps: list[StepTiming], chunk: int = 8) -> tuple[float, float]:
+    """Min and max of measured / modelled tok/s over consecutive ``chunk``-step blocks: the run's own spread
+    (regress widens its tolerance for this metric to it)."""
+    ratios = []
+    for i in range(0, len(steps) - chunk + 1, chunk):
+        block = steps[i : i + chunk]
+        ms = sum(s.total_ms for s in block)
+        if ms > 0 and model.tok_s(block) > 0:
+            ratios.append(1e3 * sum(s.tokens_committed for s in block) / ms / model.tok_s(block))
+    return (min(ratios), max(ratios)) if ratios else (float("inf"), float("-inf"))
+
+
 def stage_speed(loaded: LoadedModel, cfg: dict, results: dict) -> list[dict]:
     """tok/s, tau and step breakdown per head depth x decoding x RTT; efficiency = measured / modelled."""
     tail = cfg.get("tail_layers", 2)
@@ -124,7 +136,10 @@ def stage_speed(loaded: LoadedModel, cfg: dict, results: dict) -> list[dict]:
             rows.append(row)
             run = f"speed/{dec}/split={a},{tail}/rtt={rtt:g}"
             add_metric(results, run, "tau", metric(tau, n=toks, kind="exact", unit="tokens/step"))
-            add_metric(results, run, "efficiency", metric(measured / modelled, n=len(steps), kind="efficiency"))
+            lo, hi = _spread(model.project(rtt, bw), steps)
+            add_metric(results, run, "efficiency", metric(measured / modelled, min(lo, measured / modelled),
+                                                          max(hi, measured / modelled), n=len(steps),
+                                                          kind="efficiency"))
             add_metric(results, run, "tok_s_measured", metric(measured, n=len(steps), kind="info", unit="tok/s"))
             add_metric(results, run, "tok_s_modelled", metric(modelled, n=len(steps), kind="info", unit="tok/s"))
     return rows

@@ -16,12 +16,21 @@ selection and the proposer; ``t_cloud`` the body; ``t_overhead`` the codec,
 the remainder and whatever the link costs beyond its emulated delay.
 ``flat=True`` replaces the compute terms by their value at ``T = 1``: a
 stand-in for accelerators, where verifying a few dozen positions costs
-about as much as one. tok/s = tokens / sum of modelled step times.
+about as much as one. tok/s = tokens / sum of modelled step times, computed
+in one place (:meth:`StepTimeModel.tok_s`).
+
+The RTT study (the seed paper's section 6.3, extended) lives here too:
+:func:`fit_pooled` fits one model to steps measured at several emulated
+RTTs (each run's RTT subtracted), :func:`leave_one_rtt_out` checks it by
+fitting on every RTT but one and predicting the held-out one,
+:func:`seed_model_fit` is the seed's two-parameter ``a * RTT + b`` and
+:func:`projections` the modelled tok/s at other RTTs and bandwidths.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
@@ -119,9 +128,15 @@ class StepTimeModel:
         """The same machine's costs over another network."""
         return replace(self, rtt_ms=float(rtt_ms), bandwidth_mbps=bandwidth_mbps)
 
-    def tok_s(self, steps: Sequence[StepTiming], flat: bool = False) -> float:
-        """Modelled tokens per second of these steps (tokens committed / modelled time)."""
-        ms = sum(self.predict(s.tokens_sent, flat) for s in steps)
+    def total_ms(self, steps: Sequence[StepTiming], flat: bool = False, add_draft_ms: bool = False) -> float:
+        """Modelled milliseconds of these steps; ``add_draft_ms`` adds each step's measured drafting time
+        (proposers that draft with the local model: their drafting does not grow with the positions sent, so
+        the fit leaves it out)."""
+        return sum(self.predict(s.tokens_sent, flat) + (s.draft_ms if add_draft_ms else 0.0) for s in steps)
+
+    def tok_s(self, steps: Sequence[StepTiming], flat: bool = False, add_draft_ms: bool = False) -> float:
+        """Modelled tokens per second of these steps (tokens committed / modelled time): the one place."""
+        ms = self.total_ms(steps, flat, add_draft_ms)
         return 1e3 * sum(s.tokens_committed for s in steps) / ms if ms > 0 else 0.0
 
     def to_dict(self) -> dict:
@@ -290,3 +305,61 @@ class StepCostModel:
     def coefficients(self) -> tuple[float, float]:
         """(fixed_ms, per_token_ms)."""
         return self.fixed if self.fixed is not None else self.online.coefficients()
+
+
+# ---------------------------------------------------------------------- the RTT study
+def at_zero_rtt(steps: Sequence[StepTiming], rtt_ms: float) -> list[StepTiming]:
+    """The steps as if measured over a link without the emulated RTT (network time minus the RTT)."""
+    return [replace(s, network_ms=max(0.0, s.network_ms - rtt_ms), total_ms=s.total_ms - rtt_ms) for s in steps]
+
+
+def fit_pooled(runs: dict[float, list[StepTiming]], bandwidth_mbps: float | None) -> StepTimeModel:
+    """Fit one model to decode steps measured at several RTTs ({rtt_ms: steps without prefill})."""
+    pooled = [s for rtt, steps in runs.items() for s in at_zero_rtt(steps, rtt)]
+    return fit(pooled, rtt_ms=0.0, bandwidth_mbps=bandwidth_mbps, skip_prefill=False)
+
+
+def modelled_tok_s(model: StepTimeModel, steps: Sequence[StepTiming], rtt_ms: float,
+                   bandwidth_mbps: float | None, flat: bool = False) -> float:
+    """tok/s the model predicts for these steps (their tokens sent/committed) over the given network."""
+    return model.project(rtt_ms, bandwidth_mbps).tok_s(steps, flat=flat)
+
+
+def leave_one_rtt_out(runs: dict[float, list[StepTiming]], bandwidth_mbps: float | None) -> dict:
+    """Per held-out RTT: measured vs predicted mean step ms and the relative error; plus the mean error."""
+    rows = []
+    for held in sorted(runs):
+        rest = {r: s for r, s in runs.items() if r != held}
+        if not rest or not runs[held]:
+            continue
+        model = fit_pooled(rest, bandwidth_mbps).project(held, bandwidth_mbps)
+        measured = statistics.mean(s.total_ms for s in runs[held])
+        predicted = statistics.mean(model.predict(s.tokens_sent) for s in runs[held])
+        rows.append({"rtt_ms": held, "measured_ms": measured, "predicted_ms": predicted,
+                     "rel_error": abs(predicted - measured) / measured})
+    mean_err = statistics.mean(r["rel_error"] for r in rows) if rows else float("nan")
+    max_err = max((r["rel_error"] for r in rows), default=float("nan"))
+    return {"folds": rows, "mean_rel_error": mean_err, "max_rel_error": max_err}
+
+
+def seed_model_fit(runs: dict[float, list[StepTiming]]) -> dict:
+    """The seed's two-parameter model, per_step = a * RTT + b, by least squares over mean step times."""
+    xs = sorted(runs)
+    ys = [statistics.mean(s.total_ms for s in runs[r]) for r in xs]
+    if len(xs) < 2:
+        return {"slope": float("nan"), "intercept_ms": ys[0] if ys else float("nan")}
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return {"slope": slope, "intercept_ms": my - slope * mx}
+
+
+def projections(model: StepTimeModel, steps: Sequence[StepTiming], rtts_ms: Sequence[float],
+                bandwidths_mbps: Sequence[float | None]) -> list[dict]:
+    """Modelled tok/s (CPU-measured compute, and flat per-step compute as on a GPU) per RTT and bandwidth."""
+    rows = []
+    for bw in bandwidths_mbps:
+        for rtt in rtts_ms:
+            rows.append({"rtt_ms": rtt, "bandwidth_mbps": bw,
+                         "tok_s": modelled_tok_s(model, steps, rtt, bw),
+                         "tok_s_flat_compute": modelled_tok_s(model, steps, rtt, bw, flat=True)})
+    return rows

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 # Modules imported by make_proposer / list_proposers so that their decorators run.
 PROPOSER_MODULES = (
     "sequential", "jacobi", "ngram_pool", "lookahead", "prompt_lookup", "suffix", "local_draft", "feature_draft",
-    "combined",
+    "token_recycling", "combined",
 )
 
 
@@ -128,7 +128,11 @@ class StepFeedback:
     context's last token and row ``1 + j`` is draft node ``sent_nodes[j]``;
     for the prefill, row ``i`` is prompt token ``i``. ``final_states`` are
     the tail's final normed states for the same rows (what the LM head saw;
-    read by ``feature-draft``). None when replaying.
+    read by ``feature-draft``). None when replaying. ``topk_ids`` /
+    ``topk_probs`` are the ``k`` most probable next tokens of every row sent
+    and their softmax probabilities, when the proposer asks for them
+    (:attr:`Proposer.feedback_topk`; read by ``token-recycling``); a row the
+    step cannot know (a rejected node when replaying) has ids -1.
     """
 
     draft: Draft
@@ -140,6 +144,8 @@ class StepFeedback:
     sent_states: torch.Tensor | None = None  # (T, d) head output of the positions sent
     received_states: torch.Tensor | None = None  # (T, d) body output for them
     final_states: torch.Tensor | None = None  # (T, d) the tail's final normed states for them
+    topk_ids: torch.Tensor | None = None  # (T, k) long: the k most probable next tokens of each row sent
+    topk_probs: torch.Tensor | None = None  # (T, k) fp32: their softmax probabilities
 
     def chooser_row(self, n_emitted: int) -> int:
         """Row of the states whose logits chose the last of the ``n_emitted`` (>= 1) tokens this step emitted.
@@ -180,10 +186,19 @@ class Proposer(ABC):
     #: True when the proposer drafts by running the local model parts (``env.local``): it cannot be
     #: replayed without the model, and inside ``combined`` it is handed each step's feedback.
     needs_model = False
+    #: How many top tokens (and probabilities) of every verified row's logits the proposer wants in its
+    #: :class:`StepFeedback` (0 = none); the verifier computes them from logits it has anyway.
+    feedback_topk = 0
 
     def begin(self, prompt: list[int], env: DecodingEnv) -> None:
         """Start a new generation for ``prompt`` (default: remember the env)."""
         self.env = env
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        """The run's EOS tokens (empty before :meth:`begin`)."""
+        env = getattr(self, "env", None)
+        return env.eos_ids if env is not None else frozenset()
 
     @abstractmethod
     def propose(self, context: list[int]) -> Draft:

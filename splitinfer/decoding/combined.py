@@ -1,7 +1,8 @@
 """``combined``: one de-duplicated token tree from several proposers, sized to pay for itself.
 
 Candidates from the suffix cache (this request and earlier outputs), prompt
-lookup (several recent matches) and the seed's n-gram pool, and on request
+lookup (several recent matches), the seed's n-gram pool and Token Recycling
+(the model's own earlier top-k tokens, :mod:`.token_recycling`), and on request
 (``sources=...,local-draft`` / ``feature-draft``) the local model's own
 drafts (:mod:`.local_draft`, :mod:`.feature_draft`; confidences = draft
 probabilities) are merged into one trie (:mod:`splitinfer.decoding.merge`). Every node is scored by the
@@ -48,8 +49,10 @@ from splitinfer.decoding.merge import best_size, merge_candidates, ranked_nodes,
 from splitinfer.errors import SplitInferError
 from splitinfer.timing import StepCostModel
 
-SOURCES = ("suffix", "prompt-lookup", "ngram-pool", "local-draft", "feature-draft")
-DEFAULT_SOURCES = ("suffix", "prompt-lookup", "ngram-pool")  # local-draft / feature-draft run the model: opt in
+SOURCES = ("suffix", "prompt-lookup", "ngram-pool", "token-recycling", "local-draft", "feature-draft")
+# Training-free defaults (token-recycling: +0.17 tau over the other three, reports/decoding/training_free/);
+# local-draft / feature-draft run the model: opt in.
+DEFAULT_SOURCES = ("suffix", "prompt-lookup", "ngram-pool", "token-recycling")
 _DEPTH_BUCKETS = (1, 2, 3, 5, 9)  # 1, 2, 3-4, 5-8, 9+
 
 
@@ -117,6 +120,7 @@ class Combined(Proposer):
             "suffix": {"draft_budget": self.budget, "alpha": 4.0, "min_prob": 0.02},
             "prompt-lookup": {"draft_budget": min(self.budget, 16), "candidates": 4},
             "ngram-pool": {"ngram": 5, "pool": 5},
+            "token-recycling": {"draft_budget": self.budget},
             "local-draft": {"draft_budget": min(self.budget, 8), "rtt_ms": rtt_ms, "bandwidth_mbps": bandwidth_mbps,
                             "step_ms": step_ms, "token_ms": token_ms, "calibration": calibration},
             "feature-draft": {"draft_budget": min(self.budget, 16), "rtt_ms": rtt_ms, "bandwidth_mbps": bandwidth_mbps,
@@ -148,6 +152,10 @@ class Combined(Proposer):
     @property
     def learns_from_rejected(self) -> bool:  # only once the lookahead branch has ridden along
         return self.branch_steps > 0
+
+    @property
+    def feedback_topk(self) -> int:  # what token-recycling among the sources asks for
+        return max((p.feedback_topk for p in self.sources.values()), default=0)
 
     @property
     def needs_model(self) -> bool:  # with local-draft or feature-draft among the sources
@@ -189,8 +197,9 @@ class Combined(Proposer):
         return draft
 
     def update(self, context, accepted, feedback: StepFeedback | None = None) -> None:
-        for p in self.sources.values():  # the feedback's node indices are ours; model drafters read its states
-            p.update(context, accepted, feedback if p.needs_model else None)
+        for p in self.sources.values():  # the feedback's node indices are ours; model drafters read its states,
+            wants = p.needs_model or p.feedback_topk > 0  # token-recycling its rows' top tokens (by sent_nodes)
+            p.update(context, accepted, feedback if wants else None)
         if self.lookahead is not None:
             self.lookahead.update(context, accepted, feedback)  # reads its branch's outputs, if it rode along
         if feedback is None:

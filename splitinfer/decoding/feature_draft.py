@@ -55,26 +55,21 @@ import torch
 from splitinfer.decoding.base import (
     Candidate,
     DecodingEnv,
-    Draft,
-    Proposer,
     StepFeedback,
     check_positive,
     register_proposer,
 )
 from splitinfer.decoding.combined import AcceptanceStats
+from splitinfer.decoding.model_drafter import ModelDrafter
 from splitinfer.decoding.feature_head import default_dir, load_head
-from splitinfer.decoding.merge import best_size, merge_candidates, ranked_nodes, select
 from splitinfer.errors import SplitInferError
-from splitinfer.timing import StepCostModel
 
 SOURCE = "feature-draft"
 
 
 @register_proposer("feature-draft")
-class FeatureDraft(Proposer):
+class FeatureDraft(ModelDrafter):
     """Token trees from a recurrent MLP draft head over the model's own final features (EAGLE-like)."""
-
-    needs_model = True
 
     def __init__(
         self,
@@ -103,15 +98,12 @@ class FeatureDraft(Proposer):
             raise SplitInferError(f"option draft_head must be a directory path, got {draft_head!r}")
         if not isinstance(shortlist, bool):
             raise SplitInferError(f"option shortlist must be true or false, got {shortlist!r}")
-        self.path, self.min_prob, self.adaptive = draft_head, float(min_prob), bool(adaptive)
+        self.path, self.min_prob = draft_head, float(min_prob)
         self.use_shortlist = shortlist
-        self.cost = StepCostModel(rtt_ms, bandwidth_mbps, step_ms, token_ms)
-        self.decay = float(decay)
+        self._init_drafter(adaptive, rtt_ms, bandwidth_mbps, step_ms, token_ms, decay)
         self._key: tuple | None = None
         self.head = None
         self.info: dict = {}
-        self.stats = AcceptanceStats(decay=self.decay)
-        self.sizes: list[int] = []  # nodes drafted per step (for reports)
         self.draft_ms: list[float] = []  # drafting time per step (for reports)
         self._feat: torch.Tensor | None = None
         self._n = -1
@@ -120,10 +112,7 @@ class FeatureDraft(Proposer):
     # ------------------------------------------------------------------ lifecycle
     def begin(self, prompt: list[int], env: DecodingEnv) -> None:
         super().begin(prompt, env)
-        local = env.local
-        if local is None:
-            raise SplitInferError(f"decoding {self.name!r} drafts from the model's own states: run it through "
-                                  "SplitModel.generate / splitinfer generate (it cannot be replayed without the model)")
+        local = self._local(env)
         self.embed, self.tail = local.head.embed_tokens, local.tail
         weight = self.embed.weight  # (V, d)
         key = (local.model_sha256, tuple(weight.shape), self.path)
@@ -212,25 +201,9 @@ class FeatureDraft(Proposer):
         self._last = [(nodes[i][0], -1 if nodes[i][1] < 0 else index[nodes[i][1]], nodes[i][2], nodes[i][3])
                       for i in keep]
         self.draft_ms.append(1e3 * (time.perf_counter() - t0))
+        self._timed(self.draft_ms[-1], len(keep))
         self.sizes.append(len(keep))
         return out
-
-    def _cond(self, cand: Candidate, k: int) -> float:
-        return self.stats.estimate(cand.source, cand.conf[k], k + 1)
-
-    def coefficients(self) -> tuple[float, float]:
-        return self.cost.coefficients()
-
-    def propose(self, context: list[int]) -> Draft:
-        cands = self.candidates(context)
-        if not cands:
-            return Draft()
-        tree = merge_candidates(cands, self._cond)
-        n = len(tree)
-        if self.adaptive:
-            fixed, per_token = self.coefficients()  # drafting is spent: size by verification cost only
-            n = best_size([tree.scores[i] for i in ranked_nodes(tree)], n, fixed, per_token)
-        return select(tree, n)[0]
 
     # ------------------------------------------------------------------ learning
     def update(self, context, accepted, feedback: StepFeedback | None = None) -> None:

@@ -47,26 +47,21 @@ import torch
 from splitinfer.decoding.base import (
     Candidate,
     DecodingEnv,
-    Draft,
-    Proposer,
     StepFeedback,
     check_positive,
     register_proposer,
 )
 from splitinfer.decoding.bridge import RidgeBridge
 from splitinfer.decoding.combined import AcceptanceStats
-from splitinfer.decoding.merge import best_size, merge_candidates, ranked_nodes, select
+from splitinfer.decoding.model_drafter import ModelDrafter
 from splitinfer.errors import SplitInferError
-from splitinfer.timing import StepCostModel
 
 SOURCE, ALT_SOURCE = "local-draft", "local-draft-alt"
 
 
 @register_proposer("local-draft")
-class LocalDraft(Proposer):
+class LocalDraft(ModelDrafter):
     """Chains (plus runner-up siblings) drafted by head -> fitted bridge -> tail on the client."""
-
-    needs_model = True
 
     def __init__(
         self,
@@ -92,20 +87,12 @@ class LocalDraft(Proposer):
         self.refit_every = check_positive("refit_every", refit_every, minimum=0)
         if isinstance(ridge, bool) or not isinstance(ridge, (int, float)) or not ridge > 0:
             raise SplitInferError(f"option ridge must be a number > 0 (penalty in samples, e.g. 30), got {ridge!r}")
-        if draft_ms is not None and (isinstance(draft_ms, bool) or not isinstance(draft_ms, (int, float))
-                                     or draft_ms < 0):
-            raise SplitInferError(f"option draft_ms must be a number >= 0 (ms per drafted token), got {draft_ms!r}")
         if calibration is not None and not isinstance(calibration, str):
             raise SplitInferError(f"option calibration must be a file path, got {calibration!r}")
-        self.adaptive, self.calibration, self.ridge = bool(adaptive), calibration, float(ridge)
-        self.cost = StepCostModel(rtt_ms, bandwidth_mbps, step_ms, token_ms)
-        self.fixed_draft_ms = None if draft_ms is None else float(draft_ms)
-        self.decay = float(decay)
+        self.calibration, self.ridge = calibration, float(ridge)
+        self._init_drafter(adaptive, rtt_ms, bandwidth_mbps, step_ms, token_ms, decay, draft_ms)
         self._key: tuple | None = None  # (model, head layers, tail layers) the bridge and stats belong to
         self.bridge: RidgeBridge | None = None
-        self.stats = AcceptanceStats(decay=self.decay)
-        self.draft_token_ms = 15.0  # running mean of one draft forward (head + bridge + tail + LM head)
-        self.sizes: list[int] = []  # chain length drafted per step (for reports)
         self._reset_caches()
 
     # ------------------------------------------------------------------ lifecycle
@@ -120,10 +107,7 @@ class LocalDraft(Proposer):
 
     def begin(self, prompt: list[int], env: DecodingEnv) -> None:
         super().begin(prompt, env)
-        local = env.local
-        if local is None:
-            raise SplitInferError(f"decoding {self.name!r} drafts with the local model: run it through "
-                                  "SplitModel.generate / splitinfer generate (it cannot be replayed without the model)")
+        local = self._local(env)
         self.head, self.tail = local.head, local.tail
         self.device = next(self.head.parameters()).device
         key = (local.model_sha256, tuple(self.head.layer_indices), tuple(self.tail.layer_indices))
@@ -147,12 +131,6 @@ class LocalDraft(Proposer):
         self._reset_caches()  # free the caches; the bridge and statistics carry over to the next request
 
     # ------------------------------------------------------------------ costs
-    def coefficients(self) -> tuple[float, float, float]:
-        """(fixed_ms, per_token_ms, draft_ms per drafted token) of the step-time model."""
-        fixed, per_token = self.cost.coefficients()
-        draft = self.fixed_draft_ms if self.fixed_draft_ms is not None else self.draft_token_ms
-        return fixed, per_token, draft
-
     def _keep_going(self, probs: list[float], n_max: int) -> bool:
         """Draft one more token? Only while its expected acceptance beats the rate so far, per unit cost."""
         n = len(probs)
@@ -199,27 +177,12 @@ class LocalDraft(Proposer):
                 break
         self._tc.crop(self._n)  # bridged entries are guesses: drop them; head entries are exact, kept for now
         n = len(self._chain)
-        self.draft_token_ms = 0.8 * self.draft_token_ms + 0.2 * 1e3 * (time.perf_counter() - t0) / n
+        self._timed(1e3 * (time.perf_counter() - t0), n)
         self.sizes.append(n)
         chain = [Candidate(tuple(self._chain), tuple(probs), SOURCE, 0)]
         alts = [Candidate(tuple(self._chain[:k]) + (self._alts[k],), tuple(probs[:k]) + (alt_probs[k],), ALT_SOURCE,
                           k + 1) for k in range(min(self.alternatives, n))]
         return chain + alts
-
-    def _cond(self, cand: Candidate, k: int) -> float:
-        return self.stats.estimate(cand.source, cand.conf[k], k + 1)
-
-    def propose(self, context: list[int]) -> Draft:
-        cands = self.candidates(context)
-        if not cands:
-            return Draft()
-        tree = merge_candidates(cands, self._cond)
-        if self.adaptive:
-            fixed, per_token, _ = self.coefficients()  # drafting is spent: size by verification cost only
-            n = best_size([tree.scores[i] for i in ranked_nodes(tree)], len(tree), fixed, per_token)
-        else:
-            n = len(tree)
-        return select(tree, n)[0]
 
     # ------------------------------------------------------------------ learning and catching up
     def update(self, context, accepted, feedback: StepFeedback | None = None) -> None:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+
 from splitinfer.decoding.base import EMPTY, DecodingEnv, Proposer, StepFeedback
 from splitinfer.decoding.tree import depths
 from splitinfer.decoding.verify import prune_draft
@@ -44,13 +46,18 @@ def replay(
     max_new_tokens: int,
     env: DecodingEnv,
     cost_model: StepTimeModel | None = None,
+    topk: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> list[StepTiming]:
     """Steps (tokens sent / drafted / accepted / committed) the verifier would take to emit ``output``.
 
     ``output`` is the sequential greedy output for ``prompt`` under
     ``max_new_tokens`` (ending at EOS or at the budget). ``cost_model``, if
     given, fills in modelled times (proposers that size drafts by measured
-    step time see them as feedback).
+    step time see them as feedback). ``topk`` (ids, probabilities), both
+    (len(prompt) + len(output), k), are the model's top next tokens after
+    every position of ``prompt + output`` (:func:`top_tokens_of`): they fill
+    :attr:`StepFeedback.topk_ids` for the rows the replay knows (the
+    prefill, the root and the accepted nodes; rejected nodes get -1).
     """
     if proposer.learns_from_rejected:
         raise SplitInferError(f"proposer {proposer.name!r} learns from the model's outputs and cannot be replayed")
@@ -63,7 +70,9 @@ def replay(
     proposer.begin(list(prompt), env)
     steps = [_timing(cost_model, len(prompt))]
     steps[0].tokens_committed = 1
-    proposer.update(list(prompt), [output[0]], StepFeedback(EMPTY, [], [], output[0], steps[0]))
+    proposer.update(list(prompt), [output[0]], StepFeedback(EMPTY, [], [], output[0], steps[0],
+                                                            topk_ids=None if topk is None else topk[0][: len(prompt)],
+                                                            topk_probs=None if topk is None else topk[1][: len(prompt)]))
     n_out = 1
     context = prompt + [output[0]]
     while n_out < len(output):
@@ -92,6 +101,11 @@ def replay(
         t = _timing(cost_model, 1 + len(pruned))
         t.draft_tokens, t.draft_accepted, t.tokens_committed = len(pruned), len(path), len(out)
         fb = StepFeedback(draft, node_argmax, [kept[i] for i in path], truth[0], t, list(kept))
+        if topk is not None:  # rows: the root, then the sent nodes; known for the root and the accepted path
+            rows = [len(context) - 1] + [-1] * len(pruned)
+            for i in path:
+                rows[1 + i] = len(context) + dep[i]
+            fb.topk_ids, fb.topk_probs = _known_rows(topk, rows)
         proposer.update(list(context), list(out), fb)
         if proposer.learns_from_rejected:  # e.g. combined once its lookahead branch rode along
             raise SplitInferError(f"proposer {proposer.name!r} used the model's outputs; it cannot be replayed "
@@ -101,6 +115,27 @@ def replay(
         steps.append(t)
     proposer.end(prompt, output)
     return steps
+
+
+def _known_rows(topk: tuple[torch.Tensor, torch.Tensor], rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``rows`` of (ids, probs); a row -1 (unknown) gets ids -1 and probabilities 0."""
+    ids, probs = topk
+    idx = torch.tensor([max(0, r) for r in rows], dtype=torch.long)
+    unknown = torch.tensor([r < 0 for r in rows])[:, None]  # (T, 1)
+    return ids[idx].masked_fill(unknown, -1), probs[idx].masked_fill(unknown, 0.0)
+
+
+@torch.no_grad()
+def top_tokens_of(model, prompt: Sequence[int], output: Sequence[int], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The unsplit ``model``'s top-``k`` next tokens (and probabilities) after every position of prompt + output.
+
+    One causal forward over the whole sequence; (ids, probs), both (len(prompt) + len(output), k), on the CPU.
+    """
+    from splitinfer.decoding.verify import top_tokens
+
+    dev = next(model.parameters()).device
+    logits = model(torch.tensor([list(prompt) + list(output)], device=dev)).logits[0]  # (P + N, V)
+    return top_tokens(logits, k)
 
 
 def tau(steps: Sequence[StepTiming]) -> float:

@@ -127,6 +127,17 @@ def speculative_accept(
         cur = nxt
 
 
+def top_tokens(logits: torch.Tensor, k: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The ``k`` most probable next tokens of every row of ``logits`` (T, V) and their softmax probabilities.
+
+    (None, None) when ``k`` is 0; both (T, k) on the CPU otherwise (ids long, probabilities fp32).
+    """
+    if k <= 0:
+        return None, None
+    probs, ids = torch.softmax(logits.float(), dim=-1).topk(min(k, logits.shape[-1]), dim=-1)  # (T, k)
+    return ids.cpu(), probs.cpu()
+
+
 def prune_draft(draft: Draft, max_depth: int, max_nodes: int) -> tuple[Draft, list[int]]:
     """Drop nodes deeper than ``max_depth`` (1 = child of the root) and beyond ``max_nodes``.
 
@@ -200,8 +211,10 @@ def decode(
     context = list(prompt_ids) + [first]
     n_out, done = 1, first in eos or max_new_tokens <= 1
     t0 = time.perf_counter()
+    k_top = int(getattr(proposer, "feedback_topk", 0))
     proposer.update(list(prompt_ids), [first],
-                    StepFeedback(EMPTY, [], [], int(torch.argmax(logits[-1])), timing, [], *states))
+                    StepFeedback(EMPTY, [], [], int(torch.argmax(logits[-1])), timing, [], *states,
+                                 *top_tokens(logits, k_top)))
     if done:
         proposer.end(list(prompt_ids), [first])
     _account(timing, begin_ms + 1e3 * (time.perf_counter() - t0), select_ms, 0, 0, 1)
@@ -248,7 +261,8 @@ def decode(
         # Accepted nodes whose tokens were emitted: past EOS or the budget the model may still agree,
         # but those tokens are not part of the output, so proposers must not learn from them.
         accepted_nodes = [kept[i - 1] for i in path[1 : len(out) + 1]]
-        fb = StepFeedback(draft, node_argmax, accepted_nodes, argmax[0], timing, list(kept), *states)
+        fb = StepFeedback(draft, node_argmax, accepted_nodes, argmax[0], timing, list(kept), *states,
+                          *top_tokens(logits, k_top))
         proposer.update(list(context), list(out), fb)
         context += out
         n_out += len(out)

@@ -29,8 +29,23 @@ def test_a_small_run_records_its_kernels_head_and_options(feature_head_dir, batc
     assert {"feature-draft", "combined+feature-draft", "combined", "ngram-pool"} <= set(runs)
     assert all(r["token_identical"] for recs in runs.values() for r in recs)
     if batch_invariant:  # bit for bit: every proposer, and the unsplit model in 16-token forwards
-        assert all(r["max_logit_diff"] == 0.0 for recs in runs.values() for r in recs)
+        assert all(r["max_logit_diff"] == 0.0 for recs in runs.values() for r in recs if not r.get("replayed"))
         assert results["noise_floor"]["max"] == 0.0
     results["targets"] = targets(summarize(results), results)
     report = format_report(results)
     assert f"{cfg['kernels']} kernels" in report and "fitted CPU costs" in report
+
+
+def test_peers_and_token_recycling_replay_in_a_small_run():
+    sm = SplitModel(load_model("tiny-random"), "2,2", wire_dtype="fp32")
+    results = run_decoding_bench(sm, max_new_tokens=16, prompts_per_category=1, ablation=True, ablation_prompts=0,
+                                 proposers=["sequential", "ngram-pool", "token-recycling", "combined"])
+    peer = results["peers"]["transformers prompt-lookup k=10 (unsplit)"]
+    assert len(peer) == 4 and all(r["forwards"] >= 1 and r["tau"] == r["tokens"] / r["forwards"] for r in peer)
+    assert results["peers"]["assisted generation"].startswith("n/a")
+    assert results["replay_checks"]["token-recycling"] is True  # committed-only learning replays exactly
+    assert "token-recycling k=2 T=8" in results["runs"]
+    assert results["replay_checks"]["transformers prompt lookup rule"] is True  # our replay = its real runs
+    results["targets"] = targets(summarize(results), results)
+    assert any("transformers prompt-lookup" in k for k in results["targets"])
+    assert "peers on the unsplit model" in format_report(results)

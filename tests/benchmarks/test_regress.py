@@ -185,3 +185,12 @@ def test_add_arguments_and_run_mount_as_subcommand(files, capsys):
     args = parser.parse_args(["regress", "--baseline", str(base), "--results", str(base)])
     assert args.efficiency_tolerance == regress.DEFAULT_EFFICIENCY_TOL
     assert regress.run(args) == 0
+
+
+def test_efficiency_tolerance_widens_to_the_baselines_measured_spread():
+    base = make_baseline()
+    base["results"]["sequential/rtt:20"]["efficiency"].update(ci_low=0.72, ci_high=1.08)  # 40% of 0.90
+    cur = perturbed(("sequential/rtt:20", "efficiency", "value"), 0.60)  # -33%: noise for this run
+    assert regress.compare(base, cur) == []
+    cur = perturbed(("sequential/rtt:20", "efficiency", "value"), 0.50)  # -44%: beyond the spread
+    assert [r.rule for r in regress.compare(base, cur)] == ["efficiency"]

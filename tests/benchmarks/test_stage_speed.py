@@ -1,7 +1,10 @@
-"""The speed stages called directly on the tiny model (the ci suite runs them end to end)."""
+"""The speed stages called directly on the tiny model (the ci suite runs them end to end), and the speed
+stage's measured spread of the efficiency metric (what regress widens its tolerance to)."""
 
 from benchmarks.schema import new_results
-from benchmarks.stage_speed import stage_exactness, stage_rtt_model, stage_speed
+from benchmarks.stage_speed import _spread, stage_exactness, stage_rtt_model, stage_speed
+from splitinfer import timing
+from tests.splitinfer.test_timing_rtt import synthetic_steps
 
 COMBINED = {"combined": {"step_ms": 60.0, "token_ms": 1.0}}  # fixed cost model: reproducible tau
 
@@ -34,3 +37,11 @@ def test_stage_exactness_and_rtt_model(tiny):
     fit = out["sequential"]
     assert len(fit["cv"]["folds"]) == 3 and [m["rtt_ms"] for m in fit["measured"]] == [0.0, 10.0, 20.0]
     assert "loo_rtt_mean_rel_error" in results["results"]["rtt_model/sequential/split=2,2"]
+
+
+def test_speed_stage_spread_brackets_the_block_ratios():
+    steps = synthetic_steps(20.0, n=32)
+    model = timing.fit_pooled({20.0: steps}, 100.0).project(20.0, 100.0)
+    lo, hi = _spread(model, steps)
+    assert lo <= hi and 0.9 < lo and hi < 1.1  # the model fits these steps: every block near 1
+    assert _spread(model, steps[:3]) == (float("inf"), float("-inf"))  # no full block: no spread

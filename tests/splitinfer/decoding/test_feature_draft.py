@@ -171,7 +171,7 @@ def test_it_cannot_be_replayed_or_run_without_the_local_model():
     for p in (make_proposer("feature-draft"), make_proposer("combined", sources=WITH_HEAD)):
         with pytest.raises(SplitInferError, match="local model"):
             replay(p, [1, 2, 3], [4, 5, 6], 3, env)
-    with pytest.raises(SplitInferError, match="model's own states"):
+    with pytest.raises(SplitInferError, match="drafts with the local model"):
         make_proposer("feature-draft").begin([1, 2], env)
 
 

@@ -24,3 +24,14 @@ def test_several_candidates_merge_into_a_tree_within_budget():
     p = PromptLookup(ngram=1, draft_budget=3, candidates=3)
     d = p.propose([7, 1, 7, 2, 3, 7])
     assert d.tokens == (2, 3, 7)  # the most recent continuation outranks [1, 7, 2]
+
+
+def test_first_occurrence_and_eos_cut_follow_transformers():
+    from splitinfer.decoding.base import DecodingEnv
+
+    ctx = [1, 2, 3, 9, 1, 2, 3, 8, 7, 1, 2, 3]
+    assert find_continuations(ctx, 3, 2, first=True) == (3, [[9, 1]])
+    p = PromptLookup(ngram=2, draft_budget=10, occurrence="first")
+    p.begin([5], DecodingEnv(vocab_size=20, eos_ids=frozenset({9})))
+    assert p.propose(ctx).tokens == ()  # the earliest continuation starts with EOS: no guess, as in transformers
+    assert p.propose([4, 5, 6, 0, 4, 5]).tokens == (6, 0, 4, 5)

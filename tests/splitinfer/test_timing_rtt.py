@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from benchmarks import rtt_model
+from splitinfer import timing as rtt_model
 from splitinfer.timing import StepTiming
 
 
@@ -46,3 +46,4 @@ def test_seed_model_slope_is_one_for_pure_rtt():
     runs = {r: synthetic_steps(r) for r in (0.0, 40.0, 80.0)}
     fit = rtt_model.seed_model_fit(runs)
     assert fit["slope"] == pytest.approx(1.0, abs=0.02)
+
