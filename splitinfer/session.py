@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from splitinfer.decoding.tree import depths, validate_parents
+from splitinfer.defenses.pipeline import DefensePipeline, check_public
 from splitinfer.errors import ProtocolError, SplitInferError
 from splitinfer.kv_cache import PartKVCache
 from splitinfer.partition import CloudBody
@@ -49,6 +50,7 @@ class BodySession:
     last_used: float
     forwards: int = 0
     owner: object = None  # who opened it (the server's connection id); None in-process
+    number: int = 0  # the service's session counter: keys the defense's reply noise
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -63,9 +65,13 @@ class ServiceLimits:
 class BodyService:
     """Runs a :class:`CloudBody` for many sessions, one frame at a time."""
 
-    def __init__(self, body: CloudBody, info: dict, limits: ServiceLimits = ServiceLimits()):
+    def __init__(self, body: CloudBody, info: dict, limits: ServiceLimits = ServiceLimits(),
+                 defense: DefensePipeline | None = None):
         self.body = body
         self.info = dict(info)  # body_sha256, hidden_size, split, num_layers, model
+        self.defense = defense or DefensePipeline()  # its cloud side: decode_up / encode_down
+        if self.defense.public_label != "none":
+            self.info["defense"] = self.defense.public_label
         self.limits = limits
         self.sessions: dict[str, BodySession] = {}
         self._lock = threading.Lock()
@@ -125,6 +131,9 @@ class BodyService:
                     key, " (start the server with the same --model, --split and --dtype)")
                 raise ProtocolError(
                     f"{key} mismatch: client expects {want!r}, this server has {self.info.get(key)!r}{hint}")
+        mismatch = check_public(f.get("defense"), self.info.get("defense"))
+        if mismatch:
+            raise ProtocolError(mismatch)
         return "welcome", {"protocol": PROTOCOL_VERSION, **self.info}, {}, 0.0
 
     def _op_open(self, frame, owner=None):
@@ -134,8 +143,8 @@ class BodyService:
                 raise ProtocolError(f"server is at its limit of {self.limits.max_sessions} sessions; retry later")
             sid = secrets.token_hex(8)
             now = time.monotonic()
-            self.sessions[sid] = BodySession(PartKVCache(), now, now, owner=owner)
-        self._count(sessions_opened=1)
+            self.sessions[sid] = BodySession(PartKVCache(), now, now, owner=owner, number=self.stats["sessions_opened"])
+            self._count(sessions_opened=1)
         return "opened", {"session": sid}, {}, 0.0
 
     def _session(self, sid: str, owner=None) -> BodySession:
@@ -159,7 +168,7 @@ class BodyService:
     def _op_forward(self, frame, owner=None):
         f = frame.fields
         s = self._session(f["session"], owner)
-        hidden = frame.tensors.get("hidden")
+        hidden = self.defense.decode_up(frame.tensors, self.info["hidden_size"])
         if hidden is None:
             raise ProtocolError("forward frame carries no 'hidden' tensor")
         positions, parents = f["positions"], f.get("parents")
@@ -201,7 +210,8 @@ class BodyService:
             s.forwards += 1
             s.last_used = time.monotonic()
         self._count(forwards=1, tokens=len(positions))
-        return "result", {"session": f["session"], "length": len(s.cache)}, {"hidden": out}, compute_s
+        reply = self.defense.encode_down(out, positions, s.number)
+        return "result", {"session": f["session"], "length": len(s.cache)}, reply, compute_s
 
     def _op_commit(self, frame, owner=None):
         f = frame.fields
