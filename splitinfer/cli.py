@@ -64,11 +64,13 @@ def cmd_generate(args) -> int:
     from splitinfer.client import SplitModel
     from splitinfer.cloud_cli import cloud_link
     from splitinfer.decoding.cli_args import decoding_options
+    from splitinfer.defenses.cli_args import defense_from_args
     from splitinfer.link import WanProfile
 
     loaded = load_for_cli(args)
     wan = WanProfile(rtt_ms=args.rtt_ms, bandwidth_mbps=args.bandwidth_mbps, jitter_ms=args.jitter_ms, seed=args.seed)
-    sm = SplitModel(loaded, args.split, cloud=cloud_link(args, wan), wan=wan, wire_dtype=args.wire_dtype)
+    sm = SplitModel(loaded, args.split, cloud=cloud_link(args, wan), wan=wan, wire_dtype=args.wire_dtype,
+                    defense=defense_from_args(args))
     stream_to = sys.stderr if args.json else sys.stdout
     res = sm.generate(
         args.prompt,
@@ -95,7 +97,7 @@ def cmd_generate(args) -> int:
     if args.json:
         print(json.dumps({**s, "model": loaded.spec, "model_sha256": loaded.sha256, "split": str(sm.split),
                           "rtt_ms": args.rtt_ms, "bandwidth_mbps": args.bandwidth_mbps,
-                          "wire_dtype": args.wire_dtype,
+                          "wire_dtype": args.wire_dtype, "defense_detail": sm.defense.describe(),
                           "kernels": batch_invariant.kernels(loaded.model)}))
     return 0
 
@@ -143,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     from splitinfer.cloud_cli import add_cloud_args
     from splitinfer.cloud_cli import register as register_cloud
     from splitinfer.decoding.cli_args import add_decoding_args
+    from splitinfer.defenses.cli_args import add_defense_args
 
     g = sub.add_parser("generate", help="generate text with the model split across a (emulated) cloud")
     add_model_args(g)
@@ -155,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--json", action="store_true", help="print a JSON summary as the last line of stdout")
     add_decoding_args(g)
+    add_defense_args(g)
     g.add_argument("prompt")
     g.set_defaults(func=cmd_generate)
 

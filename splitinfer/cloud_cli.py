@@ -42,6 +42,7 @@ def cloud_link(args, wan=None):
 
 # ---------------------------------------------------------------------- serve
 def cmd_serve(args) -> int:
+    from splitinfer.defenses.cli_args import defense_from_args
     from splitinfer.partition import SplitConfig
     from splitinfer.server import ServerConfig, load_body, make_service, run_server
     from splitinfer.ws_link import read_token_file
@@ -62,6 +63,7 @@ def cmd_serve(args) -> int:
                            args.batch_invariant)
     service = make_service(body, info, args.max_sessions, args.max_context, args.idle_timeout_s,
                            int(args.max_frame_mb * 2**20))
+    service.set_defense(defense_from_args(args))  # the cloud's side: quantised frames, reply noise
     log.info("body of %s split %s: layers %d..%d, sha256 %s", args.model, split, body.first_layer,
              body.first_layer + len(body.layers) - 1, info["body_sha256"][:16])
 
@@ -150,6 +152,7 @@ def cmd_chat(args) -> int:
 def register(sub) -> None:
     """Mount ``serve`` and ``chat`` on the ``splitinfer`` sub-command parser."""
     from splitinfer.cli import add_link_args, add_model_args
+    from splitinfer.defenses.cli_args import add_defense_args
 
     s = sub.add_parser("serve", help="run the cloud body as a WebSocket service")
     add_model_args(s)
@@ -173,6 +176,7 @@ def register(sub) -> None:
     s.add_argument("--close-timeout-s", type=float, default=5.0, help="wait this long for a peer's close reply")
     s.add_argument("--workers", type=int, default=4, help="threads running body forwards")
     s.add_argument("--seed", type=int, default=0, help="seed of --model tiny-random")
+    add_defense_args(s)
     s.set_defaults(func=cmd_serve)
 
     c = sub.add_parser("chat", help="interactive multi-turn chat with the body in the cloud")

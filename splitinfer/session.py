@@ -69,9 +69,7 @@ class BodyService:
                  defense: DefensePipeline | None = None):
         self.body = body
         self.info = dict(info)  # body_sha256, hidden_size, split, num_layers, model
-        self.defense = defense or DefensePipeline()  # its cloud side: decode_up / encode_down
-        if self.defense.public_label != "none":
-            self.info["defense"] = self.defense.public_label
+        self.set_defense(defense or DefensePipeline())
         self.limits = limits
         self.sessions: dict[str, BodySession] = {}
         self._lock = threading.Lock()
@@ -80,6 +78,13 @@ class BodyService:
         self.extra_stats = None  # optional callable -> dict merged into the stats reply (server-level figures)
         param = next(body.parameters())
         self.dtype, self.device = param.dtype, param.device
+
+    def set_defense(self, defense: DefensePipeline) -> None:
+        """The defense whose cloud side this service runs (decode_up / encode_down); announced at hello."""
+        self.defense = defense
+        self.info.pop("defense", None)
+        if defense.public_label != "none":
+            self.info["defense"] = defense.public_label
 
     # ---------------------------------------------------------------- entry
     def _count(self, **increments: int) -> None:
