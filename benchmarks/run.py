@@ -23,7 +23,7 @@ from splitinfer.models import load_model
 
 log = logging.getLogger(__name__)
 
-STAGE_ORDER = ("exactness", "speed", "rtt_model", "ngram_ablation", "attacks")
+STAGE_ORDER = ("exactness", "speed", "rtt_model", "ngram_ablation", "attacks", "defenses")
 
 
 def _stage_fn(name: str):
@@ -39,6 +39,10 @@ def _stage_fn(name: str):
         from benchmarks.stage_ablation import stage_ngram_ablation
 
         return stage_ngram_ablation
+    if name == "defenses":
+        from benchmarks.stage_defenses import stage_defenses
+
+        return stage_defenses
     raise KeyError(name)
 
 

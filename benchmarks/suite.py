@@ -31,6 +31,10 @@ STAGE_KEYS: dict[str, dict[str, type | tuple]] = {
                 "test_tokens": int, "max_length": int, "options": dict, "seed_protocol": bool},
     "ngram_ablation": {"n": list, "categories": list, "prompts_per_category": int, "tokens": int,
                        "split": str, "lookahead_n": list},
+    "defenses": {"head_depths": list, "tail_layers": int, "defenses": list, "attackers": list, "corpora": list,
+                 "train_tokens": int, "test_tokens": int, "max_length": int, "options": dict,
+                 "utility_sequences": int, "categories": list, "tokens": int, "decoding_options": dict,
+                 "overhead": list, "time_budget_s": float},
 }
 TOP_KEYS = {"name": str, "description": str, "model": str, "seed": int, "dtype": str, "device": str}
 
