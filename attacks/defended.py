@@ -63,3 +63,15 @@ def victim_model(loaded, pipeline: DefensePipeline, depth: int):
     model.model = base
     tag = hashlib.sha256(f"{loaded.sha256}/{pipeline.label}/{depth}".encode()).hexdigest()
     return dataclasses.replace(loaded, model=model, sha256=tag)
+
+
+def as_public(taps: Taps, public) -> Taps:
+    """Victim taps presented to attackers holding the public model: they carry its sha256 (and the victim's apart).
+
+    Attack checks compare the taps' model with the attacker's; a privately changed victim differs by design
+    (the ``shadow`` setting), so the victim's own hash is kept as ``victim_sha256``.
+    """
+    if taps.meta.get("model_sha256") == public.sha256:
+        return taps
+    meta = {**taps.meta, "victim_sha256": taps.meta.get("model_sha256"), "model_sha256": public.sha256}
+    return Taps(taps.hidden, taps.token_ids, taps.seq_lengths, taps.seq_doc, taps.documents, taps.offsets, meta)

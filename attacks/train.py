@@ -113,7 +113,7 @@ def cmd_eval(args) -> int:
     from attacks.base import read_config
     from attacks.cli import quiet_datasets
     from attacks.evaluate import flat_report, prior_tokens, score
-    from attacks.defended import defend_taps, victim_model
+    from attacks.defended import as_public, defend_taps, victim_model
     from attacks.registry import load_attack
     from attacks.tapdata import as_taps
     from splitinfer.defenses.cli_args import defense_from_args
@@ -140,7 +140,7 @@ def cmd_eval(args) -> int:
                            max_tokens=args.max_tokens,
                            max_length=args.max_length or meta.get("max_length") or 256, seed=args.seed,
                            progress=not args.json)
-    taps = defend_taps(as_taps(sets), defense)
+    taps = defend_taps(as_public(as_taps(sets), loaded), defense)
     extra = {"defense": defense.label, "attack": attack.name, "threat_model": attack.threat_model, "boundary": str(b), "model": loaded.spec,
              "model_sha256": loaded.sha256, "corpus": corpora, "split": split, "attacker": str(args.attacker)}
     if attack.name == "depth-id":

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from attacks.defended import attacker_view, defend_taps, victim_model
+from attacks.defended import as_public, attacker_view, defend_taps, victim_model
 from attacks.evaluate import score
 from attacks.recipes.vocab_match import scoring_subset
 from attacks.registry import get_attack_class, make_attack
@@ -198,7 +198,7 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
         if pipe.model_items:  # a private head: the victim's states come from its own layers
             test, _ = _taps(victim_model(loaded, pipe, a), cfg, [a], "test",
                             int(cfg.get("test_tokens", 800)) // n_corp)
-            test = test[a]
+            test = as_public(test[a], loaded)
         test = defend_taps(test, pipe)
         tried = [_attack(loaded, n, options.get(n, {}), pipe, train[a], test, rows[a], seed) for n in attackers]
         best = max(tried, key=lambda r: r["metrics"]["token_acc_top1"]["value"])
