@@ -141,3 +141,20 @@ def test_lora_random_changes_only_the_private_head_copy(tiny):
 def test_random_split_is_refused_by_the_runtime(tiny):
     with pytest.raises(SplitInferError, match="use it in `splitinfer attack`"):
         SplitModel(tiny, "2,1", defense="random-split")
+
+
+def test_reply_noise_is_added_where_the_body_replies(tiny):
+    spec = "noise(sigma=0.2,clip=4.0,replies=true)"
+    sm, inputs, frames = _tapped(tiny, defense=spec)
+    outputs = []
+    body = sm.link.service.body
+    sm.link.service.body = lambda h, *a: (outputs.append(body(h, *a)), outputs[-1])[1]
+    ids = sm.encode_prompt(PROMPT)
+    sm.remote.open()
+    _, _, (_, back, _) = sm.forward_step(sm.head.new_cache(), sm.tail.new_cache(), ids, list(range(len(ids))),
+                                         return_states=True)
+    sm.remote.close()
+    clean = outputs[0][0].to(sm.wire_dtype)  # (T, d) the body's reply before the defense
+    expect = DefensePipeline.parse(spec).transforms[0].apply(clean, range(len(ids)), 0, "down")
+    assert torch.equal(back, expect.float()) and not torch.equal(back, clean.float())
+    assert sm.defense.public_label == spec  # the cloud must know: the hello carries it (without the seed)
