@@ -12,9 +12,7 @@ from attacks.errors import AttackError
 from attacks.registry import make_attack
 from attacks.tapdata import extract_depths
 from splitinfer.defenses import DefensePipeline
-
-TEXTS = ["The quick brown fox jumps over the lazy dog.", "Call Ann Lee at 555-0199 about invoice 42.",
-         "def f(x):\n    return x * 2\n", "user: hello\nassistant: hi there!", "Zebras zig-zag; quartz vex."]
+from tests.attacks.recipes.test_vocab_match import TEXTS
 
 
 @pytest.fixture(scope="module")
