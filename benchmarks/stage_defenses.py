@@ -154,6 +154,35 @@ def overhead_ms(spec: str, d: int, tokens: int = 1, reps: int = 200) -> float:
     return 1e3 * (time.perf_counter() - t0) / reps
 
 
+def _random_split(loaded, spec: str, train: dict[int, Taps], test: dict[int, Taps], seed: int) -> dict:
+    """Depth identification from the states alone when each session's depth is drawn from the set.
+
+    ``depth-id`` (adaptive: it knows the set of depths) trains on the attacker's own states at every depth of
+    the set (public weights, its own draws of any wire defense); each test sequence is a session whose depth
+    the victim draws (:meth:`RandomSplit.draw`). Sequence-level accuracy is what decides which per-depth
+    inverter the attacker then runs.
+    """
+    pipe = DefensePipeline.parse(spec)
+    rs = pipe.get("random-split")
+    wire = DefensePipeline([d for d in pipe.items if d.kind == "wire"])
+    atk = make_attack("depth-id", model=loaded, seed=seed)
+    atk.fit([defend_taps(train[d], attacker_view(wire)) for d in rs.depths])
+    n_seq = len(test[rs.depths[0]])
+    drawn = np.array([rs.draw(i) for i in range(n_seq)])
+    hits, tok_hits, toks = 0, 0, 0
+    for d in rs.depths:
+        idx = np.flatnonzero(drawn == d)
+        if len(idx):
+            pred = atk.identify(defend_taps(test[d].select_sequences(idx.tolist()), wire, session0=0))
+            hits += int((pred["sequence_depth"] == d).sum())
+            tok_hits += int((pred["token_depth"] == d).sum())
+            toks += len(pred["token_depth"])
+    return {"defense": pipe.label, "depths": list(rs.depths), "sequences": n_seq,
+            "drawn": {int(d): int((drawn == d).sum()) for d in rs.depths},
+            "sequence_acc": hits / max(1, n_seq), "token_acc": tok_hits / max(1, toks),
+            "chance": 1.0 / len(rs.depths), "threat_model": "states only, adaptive (knows the depth set)"}
+
+
 def _record(results: dict, run: str, row: dict) -> None:
     best = row["best"]["metrics"]["token_acc_top1"]
     add_metric(results, run, "recovery_top1", metric(best["value"], best["ci_low"], best["ci_high"], best["n"],
@@ -173,15 +202,21 @@ def _record(results: dict, run: str, row: dict) -> None:
 def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
     """Run the grid; returns rows for the report (see the module docstring)."""
     depths = [int(a) for a in cfg.get("head_depths", [2])]
+    split_specs = [s for s in cfg.get("defenses", []) if s.startswith("random-split")]
+    extra = sorted({d for s in split_specs for d in DefensePipeline.parse(s).get("random-split").depths} - set(depths))
     tail = int(cfg.get("tail_layers", 2))
-    specs = list(cfg.get("defenses", ["none"]))
+    specs = [s for s in cfg.get("defenses", ["none"]) if s not in split_specs]
     attackers = list(cfg.get("attackers", ["vocab-match-adaptive", "linear-probe"]))
     options = {k: dict(v) for k, v in cfg.get("options", {}).items()}
     n_corp = len(cfg.get("corpora", ["prose"]))
     seed = int(results["config"]["seed"])
     t0 = time.perf_counter()
-    train, _ = _taps(loaded, cfg, depths, "train", int(cfg.get("train_tokens", 4000)) // n_corp)
-    clean_test, rows = _taps(loaded, cfg, depths, "test", int(cfg.get("test_tokens", 800)) // n_corp)
+    train, _ = _taps(loaded, cfg, depths + extra, "train", int(cfg.get("train_tokens", 4000)) // n_corp)
+    clean_test, rows = _taps(loaded, cfg, depths + extra, "test", int(cfg.get("test_tokens", 800)) // n_corp)
+    splits = [_random_split(loaded, s, train, clean_test, seed) for s in split_specs]
+    for r in splits:
+        add_metric(results, f"defenses/{r['defense']}", "depth_id_sequence_acc",
+                   metric(r["sequence_acc"], n=r["sequences"], higher_is_better=False, kind="accuracy"))
     held = clean_test[depths[0]]
     seqs = [held.token_ids[s].tolist() for _, s in list(held.sequences())[: int(cfg.get("utility_sequences", 4))]]
     reference: dict = {}
@@ -219,7 +254,7 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
         {k: v for k, v in x.items() if k != "metrics"} | {"top1": x["metrics"]["token_acc_top1"]}
         for x in r["attackers"]]} | {"best": {"attack": r["best"]["attack"], "threat_model": r["best"]["threat_model"],
                                                "top1": r["best"]["metrics"]["token_acc_top1"]}}
-        for r in out_rows], "overhead": overhead, "seconds": time.perf_counter() - t0, "skipped": skipped}
+        for r in out_rows], "random_split": splits, "overhead": overhead, "seconds": time.perf_counter() - t0, "skipped": skipped}
 
 
 def _pct(x) -> str:
@@ -252,6 +287,10 @@ def defenses_section(data: dict, out) -> list[str]:
     if guarantees:
         lines += ["", "Noise guarantees (opacus RDP accountant, per released vector):", ""] + [f"- {g}" for g in
                                                                                               guarantees]
+    for r in data.get("random_split", []):
+        lines += ["", f"Random split `{r['defense']}` ({r['threat_model']}): depth-id names the session's depth "
+                      f"for {_pct(r['sequence_acc'])}% of {r['sequences']} sessions ({_pct(r['token_acc'])}% of "
+                      f"single states; chance {_pct(r['chance'])}%), sessions per depth {r['drawn']}."]
     if data.get("overhead"):
         lines += ["", "| wire defense | d | tokens/step | ms per step (both directions) |", "|---|---|---|---|"]
         lines += [f"| `{o['defense']}` | {o['d']} | {o['tokens']} | {o['ms']:.3f} |" for o in data["overhead"]]

@@ -19,7 +19,8 @@ def cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
                               for i in range(40)), encoding="utf-8")
     return {"head_depths": [2], "tail_layers": 1, "corpora": [f"file:{path}"], "train_tokens": 600,
             "test_tokens": 160, "max_length": 32, "utility_sequences": 2, "tokens": 6,
-            "defenses": ["none", "noise(sigma=0.5)", "quant(format=int8)", "lora-random(rank=2,scale=0.5)"],
+            "defenses": ["none", "noise(sigma=0.5)", "quant(format=int8)", "lora-random(rank=2,scale=0.5)",
+                         "random-split(depths=1,4)"],
             "attackers": ["vocab-match-adaptive"], "overhead": ["quant(format=int8)"],
             "options": {"vocab-match-adaptive": {"scored_tokens": 16, "random_tokens": 128, "max_candidates": 64,
                                                  "batch_sizes": [64]}}}
@@ -42,6 +43,9 @@ def test_stage_grid(cfg: dict, tmp_path: Path) -> None:
     assert {"recovery_top1", "next_token_agreement", "perplexity", "greedy_identity", "bytes_per_step",
             "tau_combined", "modelled_tok_s_80ms"} <= set(run)
     assert f"defenses/head:2/{noise['defense']}/vocab-match-adaptive" in results["results"]
+    (rs,) = out["random_split"]
+    assert rs["depths"] == [1, 4] and sum(rs["drawn"].values()) == rs["sequences"] > 1
+    assert 0.0 <= rs["sequence_acc"] <= 1.0 and "defenses/random-split(depths=1,4)" in results["results"]
     lines = defenses_section(out, tmp_path)
     assert any("DP per released vector" in line for line in lines)
     assert (tmp_path / "defenses_frontier_head2.png").stat().st_size > 1000
@@ -50,7 +54,7 @@ def test_stage_grid(cfg: dict, tmp_path: Path) -> None:
 def test_time_budget_leaves_configurations_out(cfg: dict) -> None:
     out = stage_defenses(load_model("tiny-random"), {**cfg, "time_budget_s": 0.0, "overhead": []},
                          {"config": {"seed": 0}, "results": {}})
-    assert out["rows"] == [] and len(out["skipped"]) == 4
+    assert out["rows"] == [] and len(out["skipped"]) == 4  # random-split runs before the budgeted grid
 
 
 def test_overhead_is_measured() -> None:
