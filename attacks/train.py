@@ -141,7 +141,8 @@ def cmd_eval(args) -> int:
                            max_length=args.max_length or meta.get("max_length") or 256, seed=args.seed,
                            progress=not args.json)
     taps = defend_taps(as_public(as_taps(sets), loaded), defense)
-    extra = {"defense": defense.label, "attack": attack.name, "threat_model": attack.threat_model, "boundary": str(b), "model": loaded.spec,
+    extra = {"defense": defense.label, "attack": attack.name, "threat_model": attack.threat_model,
+             "boundary": str(b), "model": loaded.spec,
              "model_sha256": loaded.sha256, "corpus": corpora, "split": split, "attacker": str(args.attacker)}
     if attack.name == "depth-id":
         pred = attack.identify(taps)

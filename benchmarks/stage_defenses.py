@@ -250,11 +250,18 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
     for o in overhead:
         add_metric(results, f"defenses/overhead/{o['defense']}/T{o['tokens']}", "ms_per_step",
                    metric(o["ms"], higher_is_better=False, kind="info", unit="ms"))
-    return {"rows": [{k: v for k, v in r.items() if k != "attackers"} | {"attackers": [
-        {k: v for k, v in x.items() if k != "metrics"} | {"top1": x["metrics"]["token_acc_top1"]}
-        for x in r["attackers"]]} | {"best": {"attack": r["best"]["attack"], "threat_model": r["best"]["threat_model"],
-                                               "top1": r["best"]["metrics"]["token_acc_top1"]}}
-        for r in out_rows], "random_split": splits, "overhead": overhead, "seconds": time.perf_counter() - t0, "skipped": skipped}
+    return {"rows": [_summary(r) for r in out_rows], "random_split": splits, "overhead": overhead,
+            "seconds": time.perf_counter() - t0, "skipped": skipped}
+
+
+def _summary(row: dict) -> dict:
+    """A grid row for the report: attacker metrics cut to top-1."""
+    def short(x: dict) -> dict:
+        return {"attack": x["attack"], "threat_model": x["threat_model"], "top1": x["metrics"]["token_acc_top1"],
+                **({"seconds": x["seconds"], "test_tokens": x["test_tokens"]} if "seconds" in x else {})}
+
+    return {**{k: v for k, v in row.items() if k not in ("attackers", "best")},
+            "attackers": [short(x) for x in row["attackers"]], "best": short(row["best"])}
 
 
 def _pct(x) -> str:

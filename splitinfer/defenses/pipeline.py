@@ -3,7 +3,8 @@
 The local side calls :meth:`DefensePipeline.transform_up` on the head's
 states (:meth:`~splitinfer.client.SplitModel.forward_step`, so the replay log
 keeps the released values), :meth:`encode_up` where the bytes leave
-(:class:`~splitinfer.remote.RemoteBody`) and :meth:`decode_down` on the reply; the cloud (:class:`~splitinfer.session.BodyService`)
+(:class:`~splitinfer.remote.RemoteBody`) and :meth:`decode_down` on the reply; the cloud
+(:class:`~splitinfer.session.BodyService`)
 calls :meth:`decode_up` and :meth:`encode_down`. Value transforms (noise) run
 first, in spec order, then the one codec (quant), if any, turns the states into
 the frame's tensors. With no wire defense every method is the identity on the

@@ -8,13 +8,17 @@ from splitinfer.defenses.quant import Quant, dequantize, quantize
 from splitinfer.errors import ProtocolError
 
 
-@pytest.mark.parametrize("fmt,bytes_per_value,tol", [("int8", 1, 0.5 / 127), ("fp8", 1, 1 / 16), ("int4", 0.5, 0.5 / 7)])
+@pytest.mark.parametrize("fmt,bytes_per_value,tol",
+                         [("int8", 1, 0.5 / 127), ("fp8", 1, 1 / 16), ("int4", 0.5, 0.5 / 7)])
 def test_roundtrip_error_and_size(fmt, bytes_per_value, tol):
     x = torch.randn(1, 7, 64) * 5
     codes, scale = quantize(x, fmt, 32)
     assert codes.dtype == torch.uint8 and codes.numel() == int(7 * 64 * bytes_per_value)
     y = dequantize(codes, scale, fmt, 32)
-    amax = x.abs().amax(-1, keepdim=True) if fmt != "int4" else x.reshape(1, 7, 2, 32).abs().amax(-1).repeat_interleave(32, -1)
+    if fmt == "int4":  # per group of 32
+        amax = x.reshape(1, 7, 2, 32).abs().amax(-1).repeat_interleave(32, -1)
+    else:
+        amax = x.abs().amax(-1, keepdim=True)
     assert bool(((y - x).abs() <= tol * amax + 1e-6).all())
 
 

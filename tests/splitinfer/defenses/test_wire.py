@@ -31,7 +31,8 @@ def _tapped(tiny, **kw):
     """A split whose in-process cloud records every frame it receives and every state its body runs on."""
     split = SplitConfig.parse("2,1")
     body = CloudBody.from_model(tiny.model, split)
-    defense = DefensePipeline.parse(kw.pop("defense")) if isinstance(kw.get("defense"), str) else kw.pop("defense", None)
+    defense = kw.pop("defense", None)
+    defense = DefensePipeline.parse(defense) if isinstance(defense, str) else defense
     service = BodyService(body, body_info(tiny.spec, split, body, tiny.hidden_size, tiny.num_layers), defense=defense)
     frames, handle = [], service.handle
     service.handle = lambda data, owner=None: (frames.append(decode_frame(data)), handle(data, owner))[1]
@@ -104,7 +105,8 @@ def test_noise_is_what_the_cloud_receives_and_keyed(tiny):
 @pytest.mark.parametrize("defense", ["noise(sigma=0.02,clip=4.0,seed=1)", "noise(sigma=0.02,clip=4.0)+quant"])
 def test_speculative_equals_sequential_under_the_same_defense(tiny, defense):
     def run(**kw):  # fp32 wire: an fp16 cast would round states that differ by 1e-7 one ulp apart
-        return SplitModel(tiny, "2,1", defense=defense, wire_dtype="fp32").generate(PROMPT, 24, record_logits=True, **kw)
+        sm = SplitModel(tiny, "2,1", defense=defense, wire_dtype="fp32")
+        return sm.generate(PROMPT, 24, record_logits=True, **kw)
 
     seq, spec = run(), run(decoding="prompt-lookup")
     assert spec.token_ids == seq.token_ids
@@ -117,7 +119,7 @@ def test_hello_refuses_a_defense_mismatch(tiny):
     split = SplitConfig.parse("2,1")
     body = CloudBody.from_model(tiny.model, split)
     info = body_info(tiny.spec, split, body, tiny.hidden_size, tiny.num_layers)
-    with pytest.raises(SplitInferError, match=r"defense mismatch: the client runs 'quant\(format=int8\)' but the cloud"):
+    with pytest.raises(SplitInferError, match=r"defense mismatch: the client runs 'quant\(format=int8\)' but"):
         SplitModel(tiny, split, cloud=InProcessLink(BodyService(body, info)), defense="quant")
     server = BodyService(body, info, defense=DefensePipeline.parse("quant(format=int4,group=16)"))
     with pytest.raises(SplitInferError, match="defense mismatch: the client runs 'none'"):
