@@ -15,7 +15,6 @@ setting).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 
@@ -24,6 +23,7 @@ import torch
 
 from attacks.tapdata import Taps
 from splitinfer.defenses import DefensePipeline
+from splitinfer.defenses.lora_random import with_head_layers
 
 
 def defend_taps(taps: Taps, pipeline: DefensePipeline, session0: int = 0) -> Taps:
@@ -52,15 +52,10 @@ def victim_model(loaded, pipeline: DefensePipeline, depth: int):
     items = [d for d in pipeline.model_items if hasattr(d, "apply_head")]
     if not items:
         return loaded
-    model = copy.copy(loaded.model)  # shallow: share everything but the changed layers
-    model._modules = dict(model._modules)
-    base = copy.copy(model.model)
-    base._modules = dict(base._modules)
     holder = torch.nn.Module()
-    holder.layers = torch.nn.ModuleList(list(base.layers[:depth]))
+    holder.layers = torch.nn.ModuleList(list(loaded.model.model.layers[:depth]))
     DefensePipeline(items).apply_head(holder)
-    base.layers = torch.nn.ModuleList(list(holder.layers) + list(base.layers[depth:]))
-    model.model = base
+    model = with_head_layers(loaded.model, list(holder.layers))  # shallow: the other layers are shared
     tag = hashlib.sha256(f"{loaded.sha256}/{pipeline.label}/{depth}".encode()).hexdigest()
     return dataclasses.replace(loaded, model=model, sha256=tag)
 

@@ -47,6 +47,17 @@ def merge_lora(layers: torch.nn.ModuleList, rank: int, init) -> torch.nn.ModuleL
     return holder.layers
 
 
+def with_head_layers(model: torch.nn.Module, layers: list) -> torch.nn.Module:
+    """A shallow copy of a *ForCausalLM whose first ``len(layers)`` decoder layers are ``layers`` (others shared)."""
+    out = copy.copy(model)
+    out._modules = dict(out._modules)
+    base = copy.copy(model.model)
+    base._modules = dict(base._modules)
+    base.layers = torch.nn.ModuleList(list(layers) + list(model.model.layers[len(layers):]))
+    out.model = base
+    return out
+
+
 @register_defense("lora-random")
 @dataclass(frozen=True)
 class LoraRandom(Defense):
