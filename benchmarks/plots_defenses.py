@@ -33,7 +33,7 @@ def plot_frontier(rows: list[dict], out: Path, depth: int) -> Path | None:
     ax.axvline(90, color="grey", linestyle=":", linewidth=1)
     ax.set_xlabel("next-token agreement with the undefended model (%)")
     ax.set_ylabel("best adaptive attacker, top-1 recovery (%)")
-    ax.set_title(f"Defense frontier, head depth {depth} (marker area ~ modelled tok/s at 80 ms)")
+    ax.set_title(f"Head depth {depth}: recovery vs utility (area ~ tok/s at 80 ms)", fontsize=10)
     ax.set_xlim(-2, 102)
     ax.set_ylim(-2, 102)
     ax.legend(fontsize=8)
