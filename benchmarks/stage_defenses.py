@@ -233,7 +233,7 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
     seqs = [held.token_ids[s].tolist() for _, s in list(held.sequences())[: int(cfg.get("utility_sequences", 4))]]
     reference: dict = {}
     out_rows, overhead = [], []
-    jobs = [(a, s) for a in depths for s in specs]
+    jobs = [(a, s) for s in specs for a in depths]  # spec-major: a time budget drops whole specs, not a depth
     budget = float(cfg.get("time_budget_s", float("inf")))
     skipped = []
     for a, spec in tqdm(jobs, desc="defenses", unit="config"):
