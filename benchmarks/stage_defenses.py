@@ -289,14 +289,15 @@ def defenses_section(data: dict, out) -> list[str]:
              "Recovery: the best attacker's top-1 on the victim's defended held-out states (95% CI over "
              "documents); attackers know the mechanism and its public parameters, not its draws or secret weights. "
              "Utility against the undefended model; cost measured under the defense (tok/s modelled at 80 ms, "
-             "100 Mbit/s). Template tokens are not separated in this table.", "",
+             "100 Mbit/s). vocab-match-adaptive is scored on sequence prefixes of the test documents, learned attackers "
+             "on every test token (n = tokens scored). Template tokens are not separated in this table.", "",
              "| depth | defense | best attacker (threat model) | recovery top-1 [CI] | next-token agreement | "
              "perplexity (undefended) | greedy identity | bytes/step | tau combined | tok/s @80 ms |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         b = r["best"]["top1"]
         lines.append(f"| {r['depth']} | `{r['defense']}` | {r['best']['attack']} ({r['best']['threat_model']}) | "
-                     f"{_pct(b['value'])} [{_pct(b['ci_low'])}, {_pct(b['ci_high'])}] | "
+                     f"{_pct(b['value'])} [{_pct(b['ci_low'])}, {_pct(b['ci_high'])}] n={b['n']} | "
                      f"{_pct(r['next_token_agreement'])} | {r['perplexity']:.2f} ({r['perplexity_undefended']:.2f}) | "
                      f"{_pct(r['greedy_identity'])} | {r['bytes_per_step']:.0f} | {r['tau_combined']:.2f} | "
                      f"{r['modelled_tok_s_80ms']:.2f} |")
