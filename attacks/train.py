@@ -45,8 +45,11 @@ def _val_split_ok(corpora: list[str]) -> bool:
 def cmd_train(args) -> int:
     from attacks.base import DepthIdentifier
     from attacks.registry import get_attack_class
+    from attacks.defended import attacker_view, defend_taps
+    from attacks.tapdata import as_taps
     from attacks.taps import extract_corpora, parse_corpora
     from attacks.trainer import TrainConfig, get_accelerator
+    from splitinfer.defenses.cli_args import defense_from_args
 
     quiet_datasets()
     klass = get_attack_class(args.attack)
@@ -76,6 +79,9 @@ def cmd_train(args) -> int:
         if args.val_tokens and _val_split_ok(corpora) and args.subset in (None, "train"):
             val = {str(b): extract_corpora(loaded, corpora, b, "val", max_tokens=args.val_tokens, **extract)
                    for b in boundaries}
+    own = attacker_view(defense_from_args(args))  # adaptive: trains on its own defended pairs (public weights)
+    train = {k: defend_taps(as_taps(v), own) for k, v in train.items()} if not own.is_none else train
+    val = {k: defend_taps(as_taps(v), own) for k, v in val.items()} if val and not own.is_none else val
     attack = klass(model=loaded, seed=model.seed, **hparams)
     trainer = TrainConfig(checkpoint_dir=str(out / "checkpoints"), resume=not args.no_resume,
                           progress=main and not args.json)
@@ -84,7 +90,8 @@ def cmd_train(args) -> int:
     else:
         key = str(boundaries[0])
         attack.fit(train[key], None if val is None else val[key], trainer=trainer)
-    attack.meta.update(max_length=args.max_length, corpora=corpora, train_max_tokens=args.max_tokens)
+    attack.meta.update(max_length=args.max_length, corpora=corpora, train_max_tokens=args.max_tokens,
+                       defense=defense_from_args(args).label)
     if main:
         attack.save(out, force=args.force)
         summary = {"attack": attack.name, "threat_model": attack.threat_model, "out": str(out),
@@ -103,8 +110,10 @@ def cmd_eval(args) -> int:
     from attacks.evaluate import collect, flat_report, prior_tokens
     from attacks.metrics.baselines import prior_from_json
     from attacks.predictions import write_predictions
+    from attacks.defended import as_public, defend_taps, victim_model
     from attacks.registry import load_attack
     from attacks.tapdata import as_taps
+    from splitinfer.defenses.cli_args import defense_from_args
     from attacks.taps import Boundary, extract_corpora, parse_corpora
 
     quiet_datasets()
@@ -124,11 +133,14 @@ def cmd_eval(args) -> int:
     b.validate(loaded.num_layers)
     corpora = parse_corpora(args.corpus)
     split = args.subset or (None if not _val_split_ok(corpora) else "test")
-    sets = extract_corpora(loaded, corpora, b, split, max_tokens=args.max_tokens,
+    defense = defense_from_args(args)  # the victim: private local layers, then the wire defense
+    sets = extract_corpora(victim_model(loaded, defense, b.depth(loaded.num_layers)), corpora, b, split,
+                           max_tokens=args.max_tokens,
                            max_length=args.max_length or meta.get("max_length") or 256, seed=model.seed,
                            progress=not args.json)
-    taps = as_taps(sets)
-    extra = {"attack": attack.name, "threat_model": attack.threat_model, "boundary": str(b), "model": loaded.spec,
+    taps = defend_taps(as_public(as_taps(sets), loaded), defense)
+    extra = {"defense": defense.label, "attack": attack.name, "threat_model": attack.threat_model,
+             "boundary": str(b), "model": loaded.spec,
              "model_sha256": loaded.sha256, "corpus": corpora, "split": split, "attacker": str(args.attacker)}
     if isinstance(attack, DepthIdentifier):
         acc = attack.accuracy(taps)
@@ -227,6 +239,8 @@ def attack_options(items: list[str] | None) -> dict[str, Any]:
 
 def add_parsers(asub) -> None:
     """Register ``train``, ``eval`` and ``list`` on the ``attack`` subparsers (called from attacks.cli)."""
+    from splitinfer.defenses.cli_args import add_defense_args
+
     t = asub.add_parser("train", help="train an inversion attacker on corpus taps; checkpoint as safetensors + JSON")
     add_model_args(t, split_default=None)
     t.add_argument("--attack", required=True, help="recipe name (see `splitinfer attack list`)")
@@ -246,6 +260,7 @@ def add_parsers(asub) -> None:
     t.add_argument("--no-resume", action="store_true", help="ignore training checkpoints under OUT/checkpoints")
     t.add_argument("--force", action="store_true", help="overwrite OUT even if it holds a different run's checkpoint")
     t.add_argument("--json", action="store_true", help="no progress bars; print a JSON summary as the last line")
+    add_defense_args(t)
     t.set_defaults(func=cmd_train)
 
     e = asub.add_parser("eval", help="score a trained attacker on a corpus (token accuracy, F1, exact match, PII)")
@@ -262,6 +277,7 @@ def add_parsers(asub) -> None:
     e.add_argument("--predictions", default=None, metavar="PATH", help="per-token predictions (gzipped JSON lines) "
                    "for `attack rescore`; default: ATTACKER/predictions-<corpus>-<split>.jsonl.gz")
     e.add_argument("--json", action="store_true", help="no progress bars; print one JSON object as the last line")
+    add_defense_args(e)
     e.set_defaults(func=cmd_eval)
 
     r = asub.add_parser("rescore", help="recompute every metric from a per-token predictions file, without rerunning")

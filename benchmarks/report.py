@@ -207,6 +207,10 @@ def write_report(results: dict, out_dir: str | Path) -> Path:
         lines += ablation_section(data["ngram_ablation"])
     if attack_rows:
         lines += _attack_section(att)
+    if data.get("defenses"):
+        from benchmarks.stage_defenses import defenses_section
+
+        lines += defenses_section(data["defenses"], out)
     lines += stage_time_section(data)
     lines += ["## Plots", ""] + [f"![{t}]({p.name})" for t, p in figs if p is not None] + [""]
     path = out / "report.md"

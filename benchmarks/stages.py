@@ -115,6 +115,25 @@ class AttacksConfig(StageConfig):
 
 
 @dataclass(frozen=True)
+class DefensesConfig(StageConfig):
+    head_depths: list | None = None
+    tail_layers: int | None = None
+    defenses: list | None = None  # canonical specs, "none" = undefended
+    attackers: list | None = None
+    corpora: list | None = None
+    train_tokens: int | None = None
+    test_tokens: int | None = None
+    max_length: int | None = None
+    options: dict | None = None
+    utility_sequences: int | None = None
+    categories: list | None = None
+    tokens: int | None = None
+    decoding_options: dict | None = None
+    overhead: list | None = None
+    time_budget_s: float | None = None  # enforced: no new configuration starts after it (budget_s is reported only)
+
+
+@dataclass(frozen=True)
 class NgramAblationConfig(StageConfig):
     n: list | None = None
     categories: list | None = None
@@ -163,3 +182,5 @@ register_stage("ngram_ablation", NgramAblationConfig, "benchmarks.stage_ablation
                "the seed paper's n-gram / lookahead ablation (tau per proposer and category)")
 register_stage("attacks", AttacksConfig, "benchmarks.stage_attacks:stage_attacks",
                "inversion attackers trained and scored per head/tail depth and corpus")
+register_stage("defenses", DefensesConfig, "benchmarks.stage_defenses:stage_defenses",
+               "defense x strength x adaptive attacker per head depth: recovery, utility and cost")

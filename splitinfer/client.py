@@ -20,6 +20,8 @@ import torch
 from splitinfer.body_info import BodyInfo
 from splitinfer.decoding.base import DecodingEnv, Proposer, make_proposer
 from splitinfer.decoding.verify import decode
+from splitinfer.defenses import DefensePipeline
+from splitinfer.defenses.keyed import path_digests
 from splitinfer.errors import SplitInferError
 from splitinfer.link import InProcessLink, Link, WanProfile
 from splitinfer.models import LoadedModel
@@ -55,6 +57,7 @@ class GenerationResult:
     decoding: str = "sequential"
     rtt_ms: float = 0.0  # the link's emulated WAN during the run (for the modelled tok/s)
     bandwidth_mbps: float | None = None
+    defense: str = "none"  # canonical label of the defense the run used
 
     @property
     def tokens_per_step(self) -> float:
@@ -79,6 +82,7 @@ class GenerationResult:
             "bytes_received": self.bytes_received,
             "breakdown_ms": mean_breakdown(self.steps),
             "prefill_ms": self.steps[0].total_ms if self.steps else 0.0,
+            "defense": self.defense,
             **self.decoding_summary(),
         }
 
@@ -118,6 +122,8 @@ class SplitModel:
         wan: WanProfile | None = None,
         wire_dtype: str = "fp16",
         service_limits: ServiceLimits | None = None,
+        defense: str | DefensePipeline | None = None,
+        defense_options: dict | list | tuple = (),
     ):
         self.loaded = loaded
         self.split = SplitConfig.parse(split) if isinstance(split, str) else split
@@ -126,10 +132,15 @@ class SplitModel:
         model = loaded.model
         self.head = LocalHead(model, self.split)
         self.tail = LocalTail(model, self.split)
+        self.defense = defense if isinstance(defense, DefensePipeline) else DefensePipeline.parse(defense,
+                                                                                               defense_options)
+        self.defense.apply_head(self.head)  # model defenses: private copies of the head layers
+        if self.defense.codec is not None:
+            self.defense.codec.check_width(loaded.hidden_size)
         body = CloudBody.from_model(model, self.split)
         info = body_info(loaded.spec, self.split, body, loaded.hidden_size, loaded.num_layers)
         if cloud is None:
-            link: Link = InProcessLink(BodyService(body, info, service_limits or ServiceLimits()), wan)
+            link: Link = InProcessLink(BodyService(body, info, service_limits or ServiceLimits(), self.defense), wan)
             self.local_body: CloudBody | None = body  # only for memory reports; never called directly
         elif isinstance(cloud, Link):
             link, self.local_body = cloud, None
@@ -142,7 +153,7 @@ class SplitModel:
                 f"cannot connect to cloud {cloud!r}: pass ws://HOST:PORT, wss://HOST:PORT, a Link, or leave it unset"
             )
         self.link = link
-        self.remote = RemoteBody(link, info.expectation())  # batch_invariant pinned when on: exact logits
+        self.remote = RemoteBody(link, info.expectation(), defense=self.defense)  # batch_invariant pinned when on
         welcome = self.remote.hello()
         if info.batch_invariant and welcome.get("batch_invariant") is not True:  # a server from before the flag
             raise SplitInferError("this client uses batch-invariant kernels but the cloud body does not say it "
@@ -206,6 +217,9 @@ class SplitModel:
         hidden = self.head(ids, pos, head_cache, parents)  # (1, T, d)
         t1 = time.perf_counter()
         sent = hidden.to(self.wire_dtype)
+        if self.defense.transforms:  # noise, keyed by each row's token path
+            sent = self.defense.transform_up(sent, positions, self.remote.session_no,
+                                             _row_digests(head_cache, tokens, parents, keep))
         t_cast = time.perf_counter()
         back, ft = self.remote.forward(sent, positions, parents, keep)  # (1, T, d) wire dtype
         t2 = time.perf_counter()
@@ -303,6 +317,7 @@ class SplitModel:
             text, ids, prompt_ids, steps, wall,
             self.link.stats.bytes_sent - sent0, self.link.stats.bytes_received - recv0, logits,
             dec if isinstance(dec, str) else dec.name, self.link.wan.rtt_ms, self.link.wan.bandwidth_mbps,
+            self.defense.label,
         )
 
     def close(self) -> None:
@@ -318,6 +333,16 @@ def make_decoding(decoding: str | Proposer, options: dict | None = None) -> Prop
     if not isinstance(decoding, str):
         raise SplitInferError(f"decoding must be a proposer name or a Proposer, got {type(decoding).__name__}")
     return make_proposer(decoding, **(options or {}))
+
+
+def _row_digests(cache, tokens: list[int], parents: list[int] | None, keep: dict | None) -> list[int]:
+    """Token-path digests of a step's rows; the cache's rows' digests are kept beside it, pruned like it."""
+    done = getattr(cache, "path_digests", [])
+    if keep is not None:
+        done = done[: keep["prefix"]] + [done[keep["prefix"] + i] for i in keep["accepted"]]
+    rows = path_digests(done[-1] if done else 0, tokens, parents)
+    cache.path_digests = done + rows
+    return rows
 
 
 def eos_ids(loaded: LoadedModel) -> set[int]:

@@ -56,6 +56,7 @@ class CloudFlags:
 
 # ---------------------------------------------------------------------- serve
 def cmd_serve(args) -> int:
+    from splitinfer.defenses.cli_args import defense_from_args
     from splitinfer.partition import SplitConfig
     from splitinfer.server import ServerConfig, load_body, make_service, run_server
     from splitinfer.ws_link import read_token_file
@@ -76,6 +77,7 @@ def cmd_serve(args) -> int:
                            args.batch_invariant)
     service = make_service(body, info, args.max_sessions, args.max_context, args.idle_timeout_s,
                            int(args.max_frame_mb * 2**20), args.max_sessions_per_connection, args.stats_all)
+    service.set_defense(defense_from_args(args))  # the cloud's side: quantised frames, reply noise
     log.info("body of %s split %s: layers %d..%d, sha256 %s", args.model, split, body.first_layer,
              body.first_layer + len(body.layers) - 1, info.body_sha256[:16])
 
@@ -162,6 +164,8 @@ def cmd_chat(args) -> int:
 # ---------------------------------------------------------------------- registration
 def register(sub) -> None:
     """Mount ``serve`` and ``chat`` on the ``splitinfer`` sub-command parser."""
+    from splitinfer.defenses.cli_args import add_defense_args
+
     s = sub.add_parser("serve", help="run the cloud body as a WebSocket service")
     add_model_args(s)
     s.add_argument("--device-map", default=None, choices=["auto"],
@@ -193,6 +197,7 @@ def register(sub) -> None:
     s.add_argument("--ping-timeout-s", type=float, default=20.0, help="drop a client that does not answer a ping")
     s.add_argument("--close-timeout-s", type=float, default=5.0, help="wait this long for a peer's close reply")
     s.add_argument("--workers", type=int, default=4, help="threads running body forwards")
+    add_defense_args(s)
     s.set_defaults(func=cmd_serve)
 
     c = sub.add_parser("chat", help="interactive multi-turn chat with the body in the cloud")

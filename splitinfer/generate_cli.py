@@ -26,13 +26,14 @@ def cmd_generate(args) -> int:
     from splitinfer.client import SplitModel
     from splitinfer.cloud_cli import CloudFlags
     from splitinfer.decoding.cli_args import DecodingFlags
+    from splitinfer.defenses.cli_args import defense_from_args
 
     model, link = ModelFlags.from_args(args), LinkFlags.from_args(args)
     decoding = DecodingFlags.from_args(args)
     loaded = model.load()
     wan = link.wan(seed=model.seed)
     sm = SplitModel(loaded, args.split, cloud=CloudFlags.from_args(args).link(wan), wan=wan,
-                    wire_dtype=link.wire_dtype)
+                    wire_dtype=link.wire_dtype, defense=defense_from_args(args))
     stream_to = sys.stderr if args.json else sys.stdout
     res = sm.generate(
         args.prompt,
@@ -59,7 +60,7 @@ def cmd_generate(args) -> int:
     if args.json:
         print(json.dumps({**s, "model": loaded.spec, "model_sha256": loaded.sha256, "split": str(sm.split),
                           "rtt_ms": link.rtt_ms, "bandwidth_mbps": link.bandwidth_mbps,
-                          "wire_dtype": link.wire_dtype,
+                          "wire_dtype": link.wire_dtype, "defense_detail": sm.defense.describe(),
                           "kernels": batch_invariant.kernels(loaded.model)}))
     return 0
 
@@ -105,6 +106,7 @@ def register(sub) -> None:
     """Mount ``generate``, ``draft-calibrate`` and ``draft-train`` on the ``splitinfer`` sub-command parser."""
     from splitinfer.cloud_cli import add_cloud_args
     from splitinfer.decoding.cli_args import add_decoding_args
+    from splitinfer.defenses.cli_args import add_defense_args
 
     g = sub.add_parser("generate", help="generate text with the model split across a (emulated) cloud")
     add_model_args(g)
@@ -116,6 +118,7 @@ def register(sub) -> None:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--json", action="store_true", help="print a JSON summary as the last line of stdout")
     add_decoding_args(g)
+    add_defense_args(g)
     g.add_argument("prompt")
     g.set_defaults(func=cmd_generate)
 

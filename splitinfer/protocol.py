@@ -37,6 +37,7 @@ _DTYPES = {
     "bfloat16": torch.bfloat16,
     "int64": torch.int64,
     "int32": torch.int32,
+    "uint8": torch.uint8,  # quantised states (splitinfer.defenses.quant)
 }
 _DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from splitinfer.defenses.pipeline import DefensePipeline, check_public
 from splitinfer.errors import ProtocolError, SplitInferError
 from splitinfer.link import Link
 from splitinfer.protocol import PROTOCOL_VERSION, decode_frame, encode_frame, encode_tensors, require_finite
@@ -58,8 +59,11 @@ class ForwardTiming:
 class RemoteBody:
     """Protocol client for one cloud session over a link."""
 
-    def __init__(self, link: Link, expect: dict | None = None, *, replay: bool | None = None, max_recoveries: int = 3):
+    def __init__(self, link: Link, expect: dict | None = None, *, replay: bool | None = None, max_recoveries: int = 3,
+                 defense: DefensePipeline | None = None):
         self.link = link
+        self.defense = defense or DefensePipeline()  # its codec (quant) runs where the bytes leave
+        self.session_no = -1  # the client's own session counter: keys the defense's noise draws
         self.expect = dict(expect or {})  # body_sha256 / hidden_size / split the client requires
         self.session: str | None = None
         self.server_info: dict = {}
@@ -122,12 +126,17 @@ class RemoteBody:
     # ------------------------------------------------------------------ operations
     def _hello_once(self) -> dict:
         fields = {"protocol": PROTOCOL_VERSION, **self.expect}
+        if self.defense.public_label != "none":
+            fields["defense"] = self.defense.public_label
         token = getattr(self.link, "token", None)
         if token:
             fields["token"] = token
         reply, *_ = self._call("hello", fields)
         if reply.op != "welcome":
             raise CloudError(f"expected 'welcome' in reply to hello, got {reply.op!r}")
+        mismatch = check_public(self.defense.public_label, reply.fields.get("defense"))
+        if mismatch:
+            raise CloudError(mismatch)
         self.server_info = reply.fields
         return reply.fields
 
@@ -147,6 +156,7 @@ class RemoteBody:
         if self.log is not None:
             self.log.reset()
         self.session = None
+        self.session_no += 1
         return self._retrying(lambda recovered: self.session if recovered and self.session else self._open_once())
 
     def forward(
@@ -161,7 +171,7 @@ class RemoteBody:
         if self.log is not None:
             self.log.before_forward(keep)  # the log now mirrors the cache this forward runs on
         t0 = time.perf_counter()
-        encoded = encode_tensors({"hidden": hidden})
+        encoded = encode_tensors(self.defense.encode_up(hidden))
         t1 = time.perf_counter()
         # After a recovery the replayed cache already reflects ``keep``: resend without it.
         out, (reply, frame, reply_bytes, wall), t2 = self._retrying(
@@ -192,17 +202,20 @@ class RemoteBody:
         if keep is not None:
             fields["keep"] = keep
         if encoded is None:
-            encoded = encode_tensors({"hidden": hidden})
+            encoded = encode_tensors(self.defense.encode_up(hidden))
         reply, frame, reply_bytes, wall = self._call("forward", fields, encoded=encoded)
         t2 = time.perf_counter()
         if reply.op != "result" or reply.fields.get("session") != self.session:
             raise CloudError(f"expected a 'result' for session {self.session}, got {reply.op!r}")
-        out = reply.tensors.get("hidden")
+        try:
+            out = self.defense.decode_down(reply.tensors, hidden.shape[-1])
+        except ProtocolError as e:
+            raise CloudError(f"the cloud sent an invalid reply: {e}") from None
         if out is None or list(out.shape) != list(hidden.shape):
             got = None if out is None else list(out.shape)
             raise CloudError(f"the cloud returned hidden states of shape {got}; expected {list(hidden.shape)}")
-        if out.dtype != hidden.dtype:
-            raise CloudError(f"the cloud returned dtype {out.dtype}; expected {hidden.dtype}")
+        if out.dtype != self.defense.down_dtype(hidden.dtype):
+            raise CloudError(f"the cloud returned dtype {out.dtype}; expected {self.defense.down_dtype(hidden.dtype)}")
         try:
             require_finite(out, "the cloud's hidden states")
         except ProtocolError as e:

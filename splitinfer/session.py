@@ -31,6 +31,7 @@ import torch
 
 from splitinfer.body_info import BodyInfo
 from splitinfer.decoding.tree import depths, validate_parents
+from splitinfer.defenses.pipeline import DefensePipeline, check_public
 from splitinfer.errors import ProtocolError, SplitInferError
 from splitinfer.kv_cache import PartKVCache
 from splitinfer.partition import CloudBody
@@ -56,6 +57,7 @@ class BodySession:
     last_used: float  # last *real work*: a forward, or a commit that changed the cache
     forwards: int = 0
     owner: object = None  # who opened it (the server's connection id); None in-process
+    number: int = 0  # the service's session counter: keys the defense's reply noise
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -72,11 +74,13 @@ class ServiceLimits:
 class BodyService:
     """Runs a :class:`CloudBody` for many sessions, one frame at a time."""
 
-    def __init__(self, body: CloudBody, info: BodyInfo, limits: ServiceLimits = ServiceLimits()):
+    def __init__(self, body: CloudBody, info: BodyInfo, limits: ServiceLimits = ServiceLimits(),
+                 defense: DefensePipeline | None = None):
         if not isinstance(info, BodyInfo):
             raise TypeError(f"info must be a BodyInfo, got {type(info).__name__}")
         self.body = body
         self.info = info
+        self.set_defense(defense or DefensePipeline())
         self.limits = limits
         self.sessions: dict[str, BodySession] = {}
         self.last_work: dict[object, float] = {}  # owner -> monotonic time of its last real work
@@ -86,6 +90,14 @@ class BodyService:
         self.extra_stats = None  # optional callable -> dict merged into the stats reply (server-level figures)
         param = next(body.parameters())
         self.dtype, self.device = param.dtype, param.device
+
+    def set_defense(self, defense: DefensePipeline) -> None:
+        """The defense whose cloud side this service runs (decode_up / encode_down); announced at hello."""
+        self.defense = defense
+
+    def _defense_label(self) -> str | None:
+        """The defense's public part as announced at hello (None: undefended)."""
+        return None if self.defense.public_label == "none" else self.defense.public_label
 
     # ---------------------------------------------------------------- entry
     def _count(self, **increments: int) -> None:
@@ -131,7 +143,13 @@ class BodyService:
         if f["protocol"] != PROTOCOL_VERSION:
             raise ProtocolError(f"client speaks protocol {f['protocol']}, server speaks {PROTOCOL_VERSION}")
         self.info.check(f)
-        return "welcome", {"protocol": PROTOCOL_VERSION, **self.info.public()}, {}, 0.0
+        mismatch = check_public(f.get("defense"), self._defense_label())
+        if mismatch:
+            raise ProtocolError(mismatch)
+        welcome = {"protocol": PROTOCOL_VERSION, **self.info.public()}
+        if self._defense_label():
+            welcome["defense"] = self._defense_label()
+        return "welcome", welcome, {}, 0.0
 
     def _op_open(self, frame, owner=None):
         self.expire_idle()
@@ -144,8 +162,9 @@ class BodyService:
                                     "(--max-sessions-per-connection); close one first")
             sid = secrets.token_hex(8)
             now = time.monotonic()
-            self.sessions[sid] = BodySession(PartKVCache(self.limits.max_context), now, now, owner=owner)
-        self._count(sessions_opened=1)
+            self.sessions[sid] = BodySession(PartKVCache(self.limits.max_context), now, now, owner=owner,
+                                             number=self.stats["sessions_opened"])
+            self._count(sessions_opened=1)
         return "opened", {"session": sid}, {}, 0.0
 
     def _session(self, sid: str, owner=None) -> BodySession:
@@ -173,7 +192,7 @@ class BodyService:
     def _op_forward(self, frame, owner=None):
         f = frame.fields
         s = self._session(f["session"], owner)
-        hidden = frame.tensors.get("hidden")
+        hidden = self.defense.decode_up(frame.tensors, self.info.hidden_size)
         if hidden is None:
             raise ProtocolError("forward frame carries no 'hidden' tensor")
         positions, parents = f["positions"], f.get("parents")
@@ -221,7 +240,8 @@ class BodyService:
             s.forwards += 1
             self._worked(s)
         self._count(forwards=1, tokens=len(positions))
-        return "result", {"session": f["session"], "length": len(s.cache)}, {"hidden": out}, compute_s
+        reply = self.defense.encode_down(out, positions, s.number)
+        return "result", {"session": f["session"], "length": len(s.cache)}, reply, compute_s
 
     def _op_commit(self, frame, owner=None):
         f = frame.fields

@@ -187,6 +187,10 @@ class VocabMatch(InversionAttack):
         self.proposer.fitted = True
 
     # ------------------------------------------------------------ inversion
+    def distance(self, h: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        """(B, d) candidate states, (d,) observed -> (B,) distances; adaptive subclasses model the defense."""
+        return match_distance(h, obs)
+
     def _orders(self, taps: Taps) -> tuple[torch.Tensor | None, np.ndarray | None]:
         """Proposer's predicted embeddings (N, d_e) or None, and the extra attacker's top-k (N, 16) or None."""
         extra = self.extra.invert(taps, 16).topk if self.extra is not None else None
@@ -218,7 +222,7 @@ class VocabMatch(InversionAttack):
         ctx["tried"][cand] = True
         ids = torch.as_tensor(cand, device=ctx["device"])  # (B,)
         h = ctx["stack"].run_layers(ctx["embed"](ids)[:, None, :], ctx["pos"], ctx["cache"], None)  # (B, 1, d)
-        dist = match_distance(h[:, 0].float(), ctx["obs"])  # (B,)
+        dist = self.distance(h[:, 0].float(), ctx["obs"])  # (B,)
         ctx["forwards"] += 1
         ctx["ids"].append(cand)
         ctx["dists"].append(dist.cpu().numpy())

@@ -1,0 +1,72 @@
+"""Victims under a defense, for the attackers: defended taps and privately changed local layers.
+
+:func:`defend_taps` turns clean teacher-forced taps into exactly what the cloud
+receives under a wire defense (noise, quant), sequence by sequence, with the
+same keyed draws the runtime uses (:meth:`DefensePipeline.simulate_up`; each
+sequence is its own session). Learned attackers trained on these taps are the
+adaptive learned attackers of DESIGN.md section 4: they know the mechanism and
+its public parameters and make their own defended pairs, but never see the
+victim's draws (the victim's seed differs from the attacker's, see
+:func:`attacker_view`). :func:`victim_model` gives the model whose first
+``depth`` layers carry the model defenses (lora-random): extract taps from it
+for the victim; attackers keep the public model (that is the ``shadow``
+setting).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+import numpy as np
+import torch
+
+from attacks.tapdata import Taps
+from splitinfer.defenses import DefensePipeline
+from splitinfer.defenses.lora_random import with_head_layers
+
+
+def defend_taps(taps: Taps, pipeline: DefensePipeline, session0: int = 0) -> Taps:
+    """(N, d) states -> (N, d) float32 states as the cloud's body receives them under ``pipeline``'s wire part."""
+    if not pipeline.transforms and pipeline.codec is None:
+        return taps
+    out = np.empty(taps.hidden.shape, dtype=np.float32)
+    for i, rows in taps.sequences():
+        h = torch.from_numpy(np.asarray(taps.hidden[rows], dtype=np.float16))  # (T, d) as on an fp16 wire
+        out[rows] = pipeline.simulate_up(h, taps.token_ids[rows].tolist(), session0 + i).numpy()
+    meta = {**taps.meta, "defense": pipeline.label}
+    return Taps(out, taps.token_ids, taps.seq_lengths, taps.seq_doc, taps.documents, taps.offsets, meta)
+
+
+def attacker_view(pipeline: DefensePipeline, seed_offset: int = 1_000_003) -> DefensePipeline:
+    """The same defense with the attacker's own secret seeds: what an adaptive attacker can simulate."""
+    items = [dataclasses.replace(d, seed=d.seed + seed_offset) if "seed" in d.secret else d for d in pipeline.items]
+    return DefensePipeline(items)
+
+
+def victim_model(loaded, pipeline: DefensePipeline, depth: int):
+    """A LoadedModel whose first ``depth`` layers carry the model defenses (private copies); ``loaded`` if none.
+
+    Its ``sha256`` is tagged with the defense label, so tap caches never mix victims.
+    """
+    items = [d for d in pipeline.model_items if hasattr(d, "apply_head")]
+    if not items:
+        return loaded
+    holder = torch.nn.Module()
+    holder.layers = torch.nn.ModuleList(list(loaded.model.model.layers[:depth]))
+    DefensePipeline(items).apply_head(holder)
+    model = with_head_layers(loaded.model, list(holder.layers))  # shallow: the other layers are shared
+    tag = hashlib.sha256(f"{loaded.sha256}/{pipeline.label}/{depth}".encode()).hexdigest()
+    return dataclasses.replace(loaded, model=model, sha256=tag)
+
+
+def as_public(taps: Taps, public) -> Taps:
+    """Victim taps presented to attackers holding the public model: they carry its sha256 (and the victim's apart).
+
+    Attack checks compare the taps' model with the attacker's; a privately changed victim differs by design
+    (the ``shadow`` setting), so the victim's own hash is kept as ``victim_sha256``.
+    """
+    if taps.meta.get("model_sha256") == public.sha256:
+        return taps
+    meta = {**taps.meta, "victim_sha256": taps.meta.get("model_sha256"), "model_sha256": public.sha256}
+    return Taps(taps.hidden, taps.token_ids, taps.seq_lengths, taps.seq_doc, taps.documents, taps.offsets, meta)

@@ -1,0 +1,320 @@
+"""Harness stage ``defenses``: head depth x defense x strength x adaptive attacker, with utility and cost.
+
+For every head depth and defense spec of the suite it measures, side by side
+(DESIGN.md section 8):
+
+- recovery: each attacker on the victim's defended held-out states (teacher-
+  forced taps of the test split through :func:`attacks.defended.victim_model`
+  and :func:`attacks.defended.defend_taps`); attackers are adaptive: they know
+  the mechanism and its public parameters, train on their own defended pairs
+  (:func:`attacks.defended.attacker_view`, other noise draws) made with the
+  *public* weights. ``vocab-match-adaptive`` is scored on sequence prefixes
+  (:func:`attacks.recipes.vocab_match.scoring_subset`). The best attacker's
+  top-1 (95% bootstrap CI over documents) is the recovery.
+- utility: next-token agreement (argmax) and perplexity of the defended split
+  on held-out sequences against the undefended model, teacher-forced through
+  the real runtime (:meth:`SplitModel.forward_step`, the defense on the wire);
+  greedy identity: mean share of the undefended greedy output reproduced
+  before the first divergence, on the suite's prompts.
+- cost: bytes per decode step (measured frames, sequential), tau of
+  ``combined`` under the defense, and tok/s of that run modelled at 80 ms RTT
+  and 100 Mbit/s (:func:`splitinfer.timing.fit` then ``project``).
+
+A noise spec without ``clip=`` gets the median per-token L2 norm of the public
+model's training states at that depth (positions >= 1), recorded in its label.
+``overhead`` times the wire defenses alone per step at the model's width.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from attacks.defended import as_public, attacker_view, defend_taps, victim_model
+from attacks.evaluate import score
+from attacks.recipes.vocab_match import scoring_subset
+from attacks.registry import get_attack_class, make_attack
+from attacks.tapdata import Taps, extract_depths
+from benchmarks.prompts import PROMPTS
+from benchmarks.schema import add_metric, metric
+from splitinfer.client import SplitModel
+from splitinfer.defenses import DefensePipeline
+from splitinfer.defenses.base import format_items
+from splitinfer.timing import fit
+
+log = logging.getLogger(__name__)
+
+FAMILY_ORDER = ("none", "noise", "quant", "lora-random", "random-split")
+
+
+def _taps(loaded, cfg: dict, depths: list[int], split: str, per_corpus: int) -> tuple[dict[int, Taps], dict]:
+    parts: dict[int, list[Taps]] = {a: [] for a in depths}
+    rows: dict[int, dict[str, tuple[int, int]]] = {a: {} for a in depths}
+    for corpus in cfg.get("corpora", ["prose"]):
+        got = extract_depths(loaded, corpus, [f"head:{a}" for a in depths], split, max_tokens=per_corpus,
+                             max_length=cfg.get("max_length", 128), progress=False)
+        for a in depths:
+            start = sum(t.n_tokens for t in parts[a])
+            rows[a][corpus] = (start, start + got[f"head:{a}"].n_tokens)
+            parts[a].append(got[f"head:{a}"])
+    return {a: Taps.concat(v) for a, v in parts.items()}, rows
+
+
+def _pipeline(spec: str, train: Taps) -> DefensePipeline:
+    """The spec, with noise's clip set to the median state norm when the spec leaves it out."""
+    pipe = DefensePipeline.parse(spec)
+    if pipe.get("noise") is not None and "clip=" not in spec:
+        pos = train.positions()
+        norms = np.linalg.norm(np.asarray(train.hidden[pos >= 1], dtype=np.float32), axis=1)
+        pipe = DefensePipeline.parse(spec, {"noise.clip": round(float(np.median(norms)), 2)})
+    return pipe
+
+
+def _threat(name: str, pipe: DefensePipeline) -> str:
+    exact = "vocab-match" in name
+    base = "shadow" if pipe.model_items else f"white-box ({'exact' if exact else 'learned'})"
+    return base if pipe.is_none else f"{base}, adaptive"
+
+
+def _attack(loaded, name: str, opts: dict, pipe: DefensePipeline, train: Taps, test: Taps, rows: dict,
+            seed: int) -> dict:
+    own = attacker_view(pipe)
+    hp = dict(opts)
+    exact = get_attack_class(name).threat_model == "white-box" and "head_weights" in get_attack_class(name).requires
+    if name == "vocab-match-adaptive":
+        hp["defense"] = format_items(pipe.items, public=True)
+    target = scoring_subset(test, rows, int(hp.pop("scored_tokens", 32)), 0) if exact else test
+    atk = make_attack(name, model=loaded, seed=seed, **hp)
+    t0 = time.perf_counter()
+    atk.fit(defend_taps(train, own))
+    inv = atk.invert(target, k=5)
+    m = score(inv, target, vocab_size=int(loaded.config.vocab_size), train_token_ids=train.token_ids)
+    return {"attack": name, "threat_model": _threat(name, pipe), "metrics": m, "seconds": time.perf_counter() - t0,
+            "test_tokens": target.n_tokens}
+
+
+@torch.no_grad()
+def _utility(loaded, depth: int, tail: int, pipe: DefensePipeline, seqs: list[list[int]]) -> dict:
+    """Next-token agreement and perplexity of the defended split vs the undefended model (teacher-forced)."""
+    sm = SplitModel(loaded, f"{depth},{tail}", defense=pipe)
+    agree, nll_d, nll_c, n = 0, 0.0, 0.0, 0
+    for seq in seqs:
+        ids = torch.tensor([seq])
+        clean = loaded.model(ids).logits[0].float()  # (T, V)
+        sm.remote.open()
+        try:
+            logits, _ = sm.forward_step(sm.head.new_cache(), sm.tail.new_cache(), seq, list(range(len(seq))))
+        finally:
+            sm.remote.close()
+        nxt = ids[0, 1:]
+        agree += int((logits[:-1].argmax(-1) == clean[:-1].argmax(-1)).sum())
+        nll_d += float(torch.nn.functional.cross_entropy(logits[:-1], nxt, reduction="sum"))
+        nll_c += float(torch.nn.functional.cross_entropy(clean[:-1], nxt, reduction="sum"))
+        n += len(seq) - 1
+    return {"next_token_agreement": agree / max(1, n), "perplexity": math.exp(nll_d / max(1, n)),
+            "perplexity_undefended": math.exp(nll_c / max(1, n)), "positions": n}
+
+
+def _cost(loaded, depth: int, tail: int, pipe: DefensePipeline, cfg: dict, reference: dict) -> dict:
+    """Greedy identity against the undefended split, bytes per step, tau of combined, modelled tok/s at 80 ms."""
+    prompts = [PROMPTS[c][0] for c in cfg.get("categories", ["conversational"])]
+    tokens = int(cfg.get("tokens", 24))
+    sm = SplitModel(loaded, f"{depth},{tail}", defense=pipe)
+    share, bytes_step = [], []
+    for p in prompts:
+        res = sm.generate(p, tokens, chat=True)
+        ref = reference.setdefault((depth, p), SplitModel(loaded, f"{depth},{tail}").generate(p, tokens, chat=True))
+        same = next((i for i, (a, b) in enumerate(zip(res.token_ids, ref.token_ids)) if a != b),
+                    min(len(res.token_ids), len(ref.token_ids)))
+        share.append(same / max(1, len(ref.token_ids)))
+        bytes_step.append(res.decoding_summary()["bytes_per_step"])
+    opts = dict(cfg.get("decoding_options", {}).get("combined", {}))
+    comb = [sm.generate(p, tokens, chat=True, decoding="combined", decoding_options=opts) for p in prompts]
+    steps = [s for r in comb for s in r.steps[1:]]
+    model = fit([s for r in comb for s in r.steps], 0.0, None).project(80.0, 100.0)
+    return {"greedy_identity": float(np.mean(share)), "bytes_per_step": float(np.mean(bytes_step)),
+            "tau_combined": sum(len(r.token_ids) for r in comb) / max(1, sum(len(r.steps) for r in comb)),
+            "modelled_tok_s_80ms": model.tok_s(steps)}
+
+
+def overhead_ms(spec: str, d: int, tokens: int = 1, reps: int = 200) -> float:
+    """Milliseconds per step of a wire defense alone: client transform + encode, cloud decode, reply both ways.
+
+    One torch thread (tensors this small gain nothing from more; on a shared 2-core machine the intra-op pool's
+    waits made an 8-token step 50x slower); the best of three rounds of ``reps``.
+    """
+    pipe = DefensePipeline.parse(spec)
+    x = torch.randn(1, tokens, d).to(torch.float16)
+    pos = list(range(100, 100 + tokens))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                up = pipe.decode_up(pipe.encode_up(pipe.transform_up(x, pos, 0, pos)), d)
+                pipe.decode_down(pipe.encode_down(up, pos, 0), d)
+            best = min(best, 1e3 * (time.perf_counter() - t0) / reps)
+    finally:
+        torch.set_num_threads(threads)
+    return best
+
+
+def _random_split(loaded, spec: str, train: dict[int, Taps], test: dict[int, Taps], seed: int) -> dict:
+    """Depth identification from the states alone when each session's depth is drawn from the set.
+
+    ``depth-id`` (adaptive: it knows the set of depths) trains on the attacker's own states at every depth of
+    the set (public weights, its own draws of any wire defense); each test sequence is a session whose depth
+    the victim draws (:meth:`RandomSplit.draw`). Sequence-level accuracy is what decides which per-depth
+    inverter the attacker then runs.
+    """
+    pipe = DefensePipeline.parse(spec)
+    rs = pipe.get("random-split")
+    wire = DefensePipeline([d for d in pipe.items if d.kind == "wire"])
+    atk = make_attack("depth-id", model=loaded, seed=seed)
+    atk.fit([defend_taps(train[d], attacker_view(wire)) for d in rs.depths])
+    n_seq = len(test[rs.depths[0]])
+    drawn = np.array([rs.draw(i) for i in range(n_seq)])
+    hits, tok_hits, toks = 0, 0, 0
+    for d in rs.depths:
+        idx = np.flatnonzero(drawn == d)
+        if len(idx):
+            pred = atk.identify(defend_taps(test[d].select_sequences(idx.tolist()), wire, session0=0))
+            hits += int((pred["sequence_depth"] == d).sum())
+            tok_hits += int((pred["token_depth"] == d).sum())
+            toks += len(pred["token_depth"])
+    return {"defense": pipe.label, "depths": list(rs.depths), "sequences": n_seq,
+            "drawn": {int(d): int((drawn == d).sum()) for d in rs.depths},
+            "sequence_acc": hits / max(1, n_seq), "token_acc": tok_hits / max(1, toks),
+            "chance": 1.0 / len(rs.depths), "threat_model": "states only, adaptive (knows the depth set)"}
+
+
+def _record(results: dict, run: str, row: dict) -> None:
+    best = row["best"]["metrics"]["token_acc_top1"]
+    add_metric(results, run, "recovery_top1", metric(best["value"], best["ci_low"], best["ci_high"], best["n"],
+                                                     False, kind="accuracy"))
+    for key, better in (("next_token_agreement", True), ("greedy_identity", True)):
+        add_metric(results, run, key, metric(row[key], n=row.get("positions"), higher_is_better=better,
+                                             kind="accuracy"))
+    for key, better in (("perplexity", False), ("bytes_per_step", False), ("tau_combined", True),
+                        ("modelled_tok_s_80ms", True)):
+        add_metric(results, run, key, metric(row[key], higher_is_better=better, kind="info"))
+    for a in row["attackers"]:
+        m = a["metrics"]["token_acc_top1"]
+        add_metric(results, f"{run}/{a['attack']}", "token_acc_top1",
+                   metric(m["value"], m["ci_low"], m["ci_high"], m["n"], False, kind="accuracy"))
+
+
+def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
+    """Run the grid; returns rows for the report (see the module docstring)."""
+    depths = [int(a) for a in cfg.get("head_depths", [2])]
+    split_specs = [s for s in cfg.get("defenses", []) if s.startswith("random-split")]
+    extra = sorted({d for s in split_specs for d in DefensePipeline.parse(s).get("random-split").depths} - set(depths))
+    tail = int(cfg.get("tail_layers", 2))
+    specs = [s for s in cfg.get("defenses", ["none"]) if s not in split_specs]
+    attackers = list(cfg.get("attackers", ["vocab-match-adaptive", "linear-probe"]))
+    options = {k: dict(v) for k, v in cfg.get("options", {}).items()}
+    n_corp = len(cfg.get("corpora", ["prose"]))
+    seed = int(results["config"]["seed"])
+    t0 = time.perf_counter()
+    train, _ = _taps(loaded, cfg, depths + extra, "train", int(cfg.get("train_tokens", 4000)) // n_corp)
+    clean_test, rows = _taps(loaded, cfg, depths + extra, "test", int(cfg.get("test_tokens", 800)) // n_corp)
+    splits = [_random_split(loaded, s, train, clean_test, seed) for s in split_specs]
+    for r in splits:
+        add_metric(results, f"defenses/{r['defense']}", "depth_id_sequence_acc",
+                   metric(r["sequence_acc"], n=r["sequences"], higher_is_better=False, kind="accuracy"))
+    held = clean_test[depths[0]]
+    seqs = [held.token_ids[s].tolist() for _, s in list(held.sequences())[: int(cfg.get("utility_sequences", 4))]]
+    reference: dict = {}
+    out_rows, overhead = [], []
+    jobs = [(a, s) for s in specs for a in depths]  # spec-major: a time budget drops whole specs, not a depth
+    budget = float(cfg.get("time_budget_s", float("inf")))
+    skipped = []
+    for a, spec in tqdm(jobs, desc="defenses", unit="config"):
+        if time.perf_counter() - t0 > budget:  # the suite's time budget: report what was left out
+            skipped.append(f"head:{a} {spec}")
+            continue
+        pipe = _pipeline(spec, train[a])
+        test = clean_test[a]
+        if pipe.model_items:  # a private head: the victim's states come from its own layers
+            test, _ = _taps(victim_model(loaded, pipe, a), cfg, [a], "test",
+                            int(cfg.get("test_tokens", 800)) // n_corp)
+            test = as_public(test[a], loaded)
+        test = defend_taps(test, pipe)
+        tried = [_attack(loaded, n, options.get(n, {}), pipe, train[a], test, rows[a], seed) for n in attackers]
+        best = max(tried, key=lambda r: r["metrics"]["token_acc_top1"]["value"])
+        row = {"depth": a, "defense": pipe.label, "family": pipe.items[0].name if pipe.items else "none",
+               "strength": {d.name: d.strength_value() for d in pipe.items}, "describe": pipe.describe(),
+               "attackers": tried, "best": best, **_utility(loaded, a, tail, pipe, seqs),
+               **_cost(loaded, a, tail, pipe, cfg, reference)}
+        out_rows.append(row)
+        _record(results, f"defenses/head:{a}/{pipe.label}", row)
+    d = loaded.hidden_size
+    for spec in cfg.get("overhead", []):
+        for tokens in (1, 8):
+            overhead.append({"defense": spec, "d": d, "tokens": tokens, "ms": overhead_ms(spec, d, tokens)})
+    for o in overhead:
+        add_metric(results, f"defenses/overhead/{o['defense']}/T{o['tokens']}", "ms_per_step",
+                   metric(o["ms"], higher_is_better=False, kind="info", unit="ms"))
+    return {"rows": [_summary(r) for r in out_rows], "random_split": splits, "overhead": overhead,
+            "seconds": time.perf_counter() - t0, "skipped": skipped}
+
+
+def _summary(row: dict) -> dict:
+    """A grid row for the report: attacker metrics cut to top-1."""
+    def short(x: dict) -> dict:
+        return {"attack": x["attack"], "threat_model": x["threat_model"], "top1": x["metrics"]["token_acc_top1"],
+                **({"seconds": x["seconds"], "test_tokens": x["test_tokens"]} if "seconds" in x else {})}
+
+    return {**{k: v for k, v in row.items() if k not in ("attackers", "best")},
+            "attackers": [short(x) for x in row["attackers"]], "best": short(row["best"])}
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}"
+
+
+def defenses_section(data: dict, out) -> list[str]:
+    """Markdown for the report, and the frontier plots (one per depth) written under ``out``."""
+    from benchmarks.plots_defenses import plot_frontier
+
+    rows = data.get("rows", [])
+    lines = ["## Defenses against adaptive attackers", "",
+             "Recovery: the best attacker's top-1 on the victim's defended held-out states (95% CI over "
+             "documents); attackers know the mechanism and its public parameters, not its draws or secret weights. "
+             "Utility against the undefended model; cost measured under the defense (tok/s modelled at 80 ms, "
+             "100 Mbit/s). vocab-match-adaptive is scored on sequence prefixes of the test documents, learned attackers "
+             "on every test token (n = tokens scored). Template tokens are not separated in this table.", "",
+             "| depth | defense | best attacker (threat model) | recovery top-1 [CI] | next-token agreement | "
+             "perplexity (undefended) | greedy identity | bytes/step | tau combined | tok/s @80 ms |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        b = r["best"]["top1"]
+        lines.append(f"| {r['depth']} | `{r['defense']}` | {r['best']['attack']} ({r['best']['threat_model']}) | "
+                     f"{_pct(b['value'])} [{_pct(b['ci_low'])}, {_pct(b['ci_high'])}] n={b['n']} | "
+                     f"{_pct(r['next_token_agreement'])} | {r['perplexity']:.2f} ({r['perplexity_undefended']:.2f}) | "
+                     f"{_pct(r['greedy_identity'])} | {r['bytes_per_step']:.0f} | {r['tau_combined']:.2f} | "
+                     f"{r['modelled_tok_s_80ms']:.2f} |")
+    if data.get("skipped"):
+        lines += ["", f"Left out by the stage's time budget: {', '.join(data['skipped'])}."]
+    guarantees = sorted({g for r in rows for g in r["describe"] if "DP per released vector" in g})
+    if guarantees:
+        lines += ["", "Noise guarantees (opacus RDP accountant, per released vector):", ""] + [f"- {g}" for g in
+                                                                                              guarantees]
+    for r in data.get("random_split", []):
+        lines += ["", f"Random split `{r['defense']}` ({r['threat_model']}): depth-id names the session's depth "
+                      f"for {_pct(r['sequence_acc'])}% of {r['sequences']} sessions ({_pct(r['token_acc'])}% of "
+                      f"single states; chance {_pct(r['chance'])}%), sessions per depth {r['drawn']}."]
+    if data.get("overhead"):
+        lines += ["", "| wire defense | d | tokens/step | ms per step (both directions) |", "|---|---|---|---|"]
+        lines += [f"| `{o['defense']}` | {o['d']} | {o['tokens']} | {o['ms']:.3f} |" for o in data["overhead"]]
+    figs = [(a, plot_frontier([r for r in rows if r["depth"] == a], out / f"defenses_frontier_head{a}.png", a))
+            for a in sorted({r["depth"] for r in rows})]
+    lines += [""] + [f"![Defense frontier, head depth {a}]({p.name})" for a, p in figs if p is not None] + [""]
+    return lines

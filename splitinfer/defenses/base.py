@@ -1,0 +1,258 @@
+"""Defense configs, their registry and the ``--defense`` / ``--defense-option`` vocabulary.
+
+A defense is a frozen dataclass registered with ``@register_defense("name")``
+in its own module of this package. Each declares
+
+- ``strength``: the names of the fields that make up its strength axis
+  (noise: ``sigma``; quant: ``format``; lora-random: ``rank`` and ``scale``...),
+- ``secret``: fields that are the user's secret (noise seeds, adapter seeds) and
+  so never leave the local side (the hello's public part omits them),
+- ``kind``: ``"wire"`` (transforms the states on the wire: see
+  :mod:`splitinfer.defenses.pipeline`) or ``"model"`` (changes the local layers or
+  the split).
+
+Spec grammar (one string, the canonical label is the same form)::
+
+    spec   := "none" | item ("+" item)*
+    item   := NAME | NAME "(" KEY=VALUE ("," KEY=VALUE)* ")"
+
+e.g. ``noise(sigma=0.05,clip=8.0)+quant(format=int8)``; list values are
+comma-separated (``random-split(depths=2,4,8)``). ``--defense-option
+[name.]KEY=VALUE`` overrides one field (the ``name.`` prefix is required when
+several defenses are composed). Values are JSON scalars when they parse, else
+strings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar
+
+from splitinfer.errors import SplitInferError
+
+__all__ = ["DefenseError", "Defense", "register_defense", "list_defenses", "get_defense_class", "parse_items",
+           "format_items", "parse_option_value"]
+
+
+class DefenseError(SplitInferError):
+    """A bad defense spec or parameter (the message names the fix)."""
+
+
+class Defense:
+    """Base of every defense config (subclasses are frozen dataclasses)."""
+
+    name: ClassVar[str] = ""
+    kind: ClassVar[str] = "wire"
+    strength: ClassVar[tuple[str, ...]] = ()
+    secret: ClassVar[tuple[str, ...]] = ()
+    shown: ClassVar[tuple[str, ...]] = ()  # fields the label always shows (besides strength); others when not default
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:  # override: raise DefenseError naming the bad value and the fix
+        """Check the parameters."""
+
+    @property
+    def cloud_must_know(self) -> bool:
+        """True when the cloud must run its side of the defense (then the hello carries its public part)."""
+        return False
+
+    def params(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def public_params(self) -> dict[str, Any]:
+        return {k: v for k, v in self.params().items() if k not in self.secret}
+
+    def label(self, public: bool = False) -> str:
+        """Canonical ``name(k=v,...)``: strength and ``shown`` fields, others where not default; ``public``
+        leaves the secret fields out."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        params = {k: v for k, v in (self.public_params() if public else self.params()).items()
+                  if k in self.strength or k in self.shown or v != defaults[k]}
+        return f"{self.name}({','.join(f'{k}={_fmt(v)}' for k, v in params.items())})" if params else self.name
+
+    def strength_value(self) -> dict[str, Any]:
+        """This config's position on its strength axis."""
+        return {k: getattr(self, k) for k in self.strength}
+
+    def describe(self) -> str:
+        """A one-line human description (override for guarantees such as epsilon)."""
+        return self.label()
+
+
+_REGISTRY: dict[str, type[Defense]] = {}
+_LOADED = False
+
+
+def register_defense(name: str) -> Callable[[type], type]:
+    """Class decorator: register a frozen-dataclass :class:`Defense` under ``name``."""
+
+    def deco(cls: type) -> type:
+        if not (isinstance(cls, type) and issubclass(cls, Defense) and dataclasses.is_dataclass(cls)):
+            raise DefenseError(f"@register_defense({name!r}) must decorate a Defense dataclass, got {cls!r}")
+        if not cls.__dataclass_params__.frozen:
+            raise DefenseError(f"defense {name!r} must be a frozen dataclass")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        if cls.kind not in ("wire", "model") or not set(cls.strength) <= fields or not set(cls.secret) <= fields:
+            raise DefenseError(f"defense {name!r}: kind must be wire|model and strength/secret must name its fields")
+        old = _REGISTRY.get(name)
+        if old is not None and old.__qualname__ != cls.__qualname__:
+            raise DefenseError(f"defense name {name!r} is registered twice")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def _load() -> None:
+    global _LOADED
+    if not _LOADED:
+        import importlib
+        import pkgutil
+
+        import splitinfer.defenses as pkg
+
+        for mod in pkgutil.iter_modules(pkg.__path__):
+            if mod.name not in ("base", "pipeline", "keyed", "cli_args") and not mod.name.startswith("_"):
+                importlib.import_module(f"splitinfer.defenses.{mod.name}")
+        _LOADED = True
+
+
+def get_defense_class(name: str) -> type[Defense]:
+    _load()
+    if name not in _REGISTRY:
+        raise DefenseError(f"unknown defense {name!r}; choose one of none, {', '.join(sorted(_REGISTRY))} "
+                           "(see docs/defenses.md)")
+    return _REGISTRY[name]
+
+
+def list_defenses() -> list[dict[str, Any]]:
+    """Name, kind, strength axis and defaults of every registered defense."""
+    _load()
+    return [{"name": n, "kind": c.kind, "strength": list(c.strength), "defaults": c().params()}
+            for n, c in sorted(_REGISTRY.items())]
+
+
+# ---------------------------------------------------------------------- parsing
+_KEY = re.compile(r"^[a-z][a-z0-9_]*$")
+_SPLIT_PARAMS = re.compile(r",(?=\s*[a-z][a-z0-9_]*\s*=)")  # commas that start a new KEY=
+
+
+def parse_option_value(text: str) -> Any:
+    """A JSON scalar when the text parses as one, else the string itself."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, (bool, int, float, str)) or value is None else text
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (tuple, list)):
+        return ",".join(_fmt(v) for v in value)
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _coerce(cls: type[Defense], key: str, value: Any) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    if key not in fields:
+        raise DefenseError(f"defense {cls.name!r} has no parameter {key!r}; its parameters: {', '.join(fields)}")
+    default = fields[key].default
+    try:
+        if isinstance(default, bool):
+            if isinstance(value, str) and value.lower() in ("true", "false"):
+                return value.lower() == "true"
+            if not isinstance(value, bool):
+                raise ValueError
+            return value
+        if isinstance(default, tuple):
+            items = value.split(",") if isinstance(value, str) else [value]
+            return tuple(int(parse_option_value(str(v).strip())) for v in items if str(v).strip())
+        if isinstance(default, float):
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if isinstance(default, int):
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        return str(value)
+    except (TypeError, ValueError):
+        want = type(default).__name__ if not isinstance(default, tuple) else "comma-separated integers"
+        raise DefenseError(f"defense {cls.name!r}: parameter {key}={value!r} must be {want}; "
+                           f"e.g. --defense-option {cls.name}.{key}={_fmt(default)}") from None
+
+
+def _split_items(spec: str) -> list[str]:
+    items, depth, cur = [], 0, ""
+    for ch in spec:
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "+" and depth == 0:
+            items.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    items.append(cur)
+    return [i.strip() for i in items]
+
+
+def parse_items(spec: str, options: Iterable[str] | dict[str, Any] = ()) -> list[Defense]:
+    """Defense configs from a spec (``none`` -> []) and ``[name.]KEY=VALUE`` overrides."""
+    spec = (spec or "none").strip()
+    raw: list[tuple[str, dict[str, Any]]] = []
+    if spec != "none":
+        for item in _split_items(spec):
+            m = re.fullmatch(r"([a-z][a-z0-9-]*)(?:\((.*)\))?", item)
+            if not m:
+                raise DefenseError(f"cannot parse defense {item!r}; write NAME or NAME(KEY=VALUE,...), "
+                                   "e.g. noise(sigma=0.05,clip=8.0)+quant(format=int8)")
+            params: dict[str, Any] = {}
+            for kv in _SPLIT_PARAMS.split(m.group(2)) if m.group(2) else []:
+                key, eq, value = kv.partition("=")
+                if not eq or not _KEY.match(key.strip()):
+                    raise DefenseError(f"bad parameter {kv!r} in defense {item!r}; write KEY=VALUE")
+                params[key.strip()] = parse_option_value(value.strip())
+            raw.append((m.group(1), params))
+    names = [n for n, _ in raw]
+    if len(set(names)) != len(names):
+        raise DefenseError(f"defense spec {spec!r} names a defense twice; compose each defense once")
+    opts = options.items() if isinstance(options, dict) else (_split_option(o) for o in options)
+    for key, value in opts:
+        target, _, field = key.rpartition(".")
+        if not target:
+            if len(raw) != 1:
+                raise DefenseError(f"--defense-option {key}=... is ambiguous with {len(raw)} defenses; "
+                                   f"prefix it with the defense's name, e.g. {names[0] if names else 'noise'}.{key}")
+            target = raw[0][0]
+        if target not in names:
+            raise DefenseError(f"--defense-option {key}: defense {target!r} is not in --defense {spec!r}")
+        raw[names.index(target)][1][field] = value
+    out = []
+    for name, params in raw:
+        cls = get_defense_class(name)
+        try:
+            out.append(cls(**{k: _coerce(cls, k, v) for k, v in params.items()}))
+        except TypeError as e:
+            raise DefenseError(f"defense {name!r}: {e}") from None
+    return out
+
+
+def _split_option(option: str) -> tuple[str, Any]:
+    key, eq, value = str(option).partition("=")
+    if not eq or not key.strip():
+        raise DefenseError(f"bad --defense-option {option!r}; write [name.]KEY=VALUE, e.g. noise.sigma=0.05")
+    return key.strip(), parse_option_value(value.strip())
+
+
+def format_items(items: Iterable[Defense], public: bool = False) -> str:
+    """The canonical label (``none`` for no defense)."""
+    labels = [d.label(public) for d in items]
+    return "+".join(labels) if labels else "none"

@@ -1,0 +1,120 @@
+"""``lora-private``: the local head layers fine-tuned privately with a LoRA adapter (the adapter is the secret).
+
+The user trains a LoRA adapter (Hu et al., ICLR 2022; built with ``peft``) on
+the head's decoder layers, on their own text, so that the whole model's outputs
+stay close to the original: the loss is the KL divergence from the original
+model's next-token distribution (distillation, Hinton et al. 2015) plus
+``lm_weight`` times the language-modelling loss on the user's text. An attacker
+holding only the public weights then inverts the wrong function: the ``shadow``
+setting of DESIGN.md section 4. :func:`train_adapter` writes the adapter
+(safetensors + JSON: rank, steps, depth, base model hash) under a path of the
+user's choosing; adapters are secrets and never committed. The defense config
+names that path; its strength axis is (rank, steps), read from the adapter.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from splitinfer.defenses.base import Defense, DefenseError, register_defense
+from splitinfer.defenses.lora_random import TARGETS, merge_lora, with_head_layers
+
+log = logging.getLogger(__name__)
+
+
+def _lora_layers(layers: torch.nn.ModuleList, rank: int, seed: int) -> torch.nn.Module:
+    from peft import LoraConfig, inject_adapter_in_model
+
+    torch.manual_seed(seed)  # peft's default init: A random (kaiming), B zero, so training starts at the base model
+    holder = torch.nn.Module()
+    holder.layers = torch.nn.ModuleList([copy.deepcopy(m) for m in layers])
+    inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=rank, target_modules=list(TARGETS), lora_dropout=0.0),
+                            holder)
+    for name, p in holder.named_parameters():
+        p.requires_grad_("lora_" in name)
+    return holder
+
+
+def train_adapter(loaded, depth: int, texts: Sequence[str], out: str | Path, *, rank: int = 8, steps: int = 100,
+                  lr: float = 1e-3, seq_len: int = 64, batch: int = 4, lm_weight: float = 0.5, seed: int = 0) -> Path:
+    """Fit a LoRA adapter on the first ``depth`` layers to the user's texts; write it to ``out`` and return it."""
+    from safetensors.torch import save_file
+
+    ids = [t for text in texts for t in loaded.tokenizer(text, add_special_tokens=False)["input_ids"]]
+    if len(ids) < seq_len + 1:
+        raise DefenseError(f"lora-private: the training texts hold {len(ids)} tokens; give at least {seq_len + 1}")
+    data = torch.tensor(ids[: len(ids) // seq_len * seq_len]).reshape(-1, seq_len)  # (S, seq_len)
+    holder = _lora_layers(loaded.model.model.layers[:depth], rank, seed)
+    student = with_head_layers(loaded.model, list(holder.layers))
+    params = [p for p in holder.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr)
+    gen = torch.Generator().manual_seed(seed)
+    last = float("nan")
+    for step in range(steps):
+        x = data[torch.randint(0, len(data), (min(batch, len(data)),), generator=gen)]  # (B, seq_len)
+        with torch.no_grad():
+            teacher = torch.log_softmax(loaded.model(x).logits.float(), -1)  # (B, seq_len, V)
+        logits = student(x).logits.float()
+        logp = torch.log_softmax(logits, -1)
+        kl = torch.nn.functional.kl_div(logp, teacher, log_target=True, reduction="batchmean") / x.shape[1]
+        lm = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+        loss = kl + lm_weight * lm
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        last = float(loss)
+        if step % 20 == 0:
+            log.info("lora-private step %d: loss %.4f (kl %.4f)", step, last, float(kl))
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({n: p.detach().contiguous() for n, p in holder.named_parameters() if "lora_" in n},
+              str(out / "adapter.safetensors"))
+    meta = {"rank": rank, "steps": steps, "depth": depth, "lr": lr, "lm_weight": lm_weight, "seed": seed,
+            "base_sha256": loaded.sha256, "train_tokens": int(data.numel()), "final_loss": last}
+    (out / "adapter.json").write_text(json.dumps(meta, indent=1))
+    return out
+
+
+@register_defense("lora-private")
+@dataclass(frozen=True)
+class LoraPrivate(Defense):
+    """A privately trained LoRA adapter on the head layers (``adapter``: a directory from train_adapter)."""
+
+    adapter: str = ""
+    rank: int = 8
+    steps: int = 100
+
+    kind = "model"
+    strength = ("rank", "steps")
+    secret = ("adapter",)
+
+    def validate(self) -> None:
+        if self.rank < 1 or self.steps < 0:
+            raise DefenseError("lora-private: need rank >= 1 and steps >= 0; e.g. --defense-option lora-private.rank=8")
+
+    def apply_head(self, head: torch.nn.Module) -> None:
+        """Replace ``head.layers`` by private copies with the adapter merged."""
+        from safetensors.torch import load_file
+
+        path = Path(self.adapter)
+        if not (path / "adapter.safetensors").is_file():
+            raise DefenseError(f"lora-private: no adapter at {self.adapter!r}; train one (train_adapter) and pass "
+                               "--defense-option lora-private.adapter=DIR")
+        meta = json.loads((path / "adapter.json").read_text())
+        if meta["depth"] < len(head.layers) or meta["rank"] != self.rank:
+            raise DefenseError(f"lora-private: the adapter at {self.adapter} covers {meta['depth']} layers at rank "
+                               f"{meta['rank']}; this head has {len(head.layers)} layers and asks rank {self.rank}")
+        weights = load_file(str(path / "adapter.safetensors"))
+
+        def init(name: str, m) -> None:
+            for part in ("lora_A", "lora_B"):
+                getattr(m, part)["default"].weight.copy_(weights[f"{name}.{part}.default.weight"])
+
+        head.layers = merge_lora(head.layers, self.rank, init)

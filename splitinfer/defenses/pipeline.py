@@ -1,0 +1,131 @@
+"""A composed defense (``lora-random+noise+quant``): what each side does with it.
+
+The local side calls :meth:`DefensePipeline.transform_up` on the head's
+states (:meth:`~splitinfer.client.SplitModel.forward_step`, so the replay log
+keeps the released values), :meth:`encode_up` where the bytes leave
+(:class:`~splitinfer.remote.RemoteBody`) and :meth:`decode_down` on the reply; the cloud
+(:class:`~splitinfer.session.BodyService`)
+calls :meth:`decode_up` and :meth:`encode_down`. Value transforms (noise) run
+first, in spec order, then the one codec (quant), if any, turns the states into
+the frame's tensors. With no wire defense every method is the identity on the
+``hidden`` tensor, so the undefended frames are byte-identical to an undefended
+build. :meth:`simulate_up` computes what the cloud receives without a link (the
+attack harness extracts defended taps with it). Model defenses (lora-random)
+change the local layers: :meth:`apply_head`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from splitinfer.defenses.base import Defense, DefenseError, format_items, parse_items
+from splitinfer.defenses.keyed import path_digests
+
+
+class DefensePipeline:
+    """An ordered list of defense configs, at most one of which is a wire codec."""
+
+    def __init__(self, items: Sequence[Defense] = ()):
+        self.items = tuple(items)
+        codecs = [d for d in self.items if hasattr(d, "encode")]
+        if len(codecs) > 1:
+            raise DefenseError(f"{self.label}: at most one wire codec (quant) can be composed")
+        self.codec = codecs[0] if codecs else None
+        self.transforms = [d for d in self.items if d.kind == "wire" and not hasattr(d, "encode")]
+        self.model_items = [d for d in self.items if d.kind == "model"]
+
+    @classmethod
+    def parse(cls, spec: str | None = "none", options: Iterable[str] | dict = ()) -> DefensePipeline:
+        return cls(parse_items(spec or "none", options))
+
+    @property
+    def label(self) -> str:
+        """Canonical label, e.g. ``noise(sigma=0.05,clip=8.0,...)+quant(format=int8,...)``; ``none``."""
+        return format_items(self.items)
+
+    @property
+    def public_label(self) -> str:
+        """What the hello carries: the public part of what the cloud must run (``none`` if nothing)."""
+        return format_items([d for d in self.items if d.cloud_must_know], public=True)
+
+    @property
+    def is_none(self) -> bool:
+        return not self.items
+
+    def get(self, name: str) -> Defense | None:
+        return next((d for d in self.items if d.name == name), None)
+
+    def describe(self) -> list[str]:
+        return [d.describe() for d in self.items]
+
+    def record(self) -> dict:
+        """The results-file entry: label, per-defense parameters and strength, guarantees."""
+        return {"label": self.label, "items": [
+            {"name": d.name, "params": d.params(), "strength": d.strength_value(), "describe": d.describe()}
+            for d in self.items]}
+
+    # ---------------------------------------------------------------- values
+    def _transform(self, x: torch.Tensor, positions: Sequence[int], session: int, direction: str,
+                   content: Sequence[int] | None = None) -> torch.Tensor:  # (1, T, d) -> (1, T, d)
+        for d in self.transforms:
+            x = d.apply(x[0], positions, session, direction, content)[None]
+        return x
+
+    def transform_up(self, hidden: torch.Tensor, positions: Sequence[int], session: int,
+                     content: Sequence[int] | None = None) -> torch.Tensor:
+        """Client: (1, T, d) head states -> (1, T, d) released values (noise keyed by ``content`` digests)."""
+        return hidden if not self.transforms else self._transform(hidden, positions, session, "up", content)
+
+    def encode_up(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Client: (1, T, d) released values on the wire dtype -> the forward frame's tensors."""
+        return self.codec.encode(x) if self.codec else {"hidden": x}
+
+    def decode_up(self, tensors: dict[str, torch.Tensor], d: int) -> torch.Tensor | None:
+        """Cloud: the forward frame's tensors -> (1, T, d) states the body runs on (None if absent)."""
+        if self.codec is None:
+            return tensors.get("hidden")
+        return self.codec.decode(tensors, d)
+
+    def encode_down(self, out: torch.Tensor, positions: Sequence[int], session: int) -> dict[str, torch.Tensor]:
+        """Cloud: (1, T, d) body output -> the result frame's tensors (reply noise uses the cloud's seed)."""
+        if self.is_none:
+            return {"hidden": out}
+        x = self._transform(out, positions, session, "down")
+        if self.codec is not None and self.codec.replies:
+            return self.codec.encode(x)
+        return {"hidden": x}
+
+    def decode_down(self, tensors: dict[str, torch.Tensor], d: int) -> torch.Tensor | None:
+        """Client: the result frame's tensors -> (1, T, d) body output as the tail sees it."""
+        if self.codec is not None and self.codec.replies:
+            return self.codec.decode(tensors, d)  # ProtocolError on a malformed reply
+        return tensors.get("hidden")
+
+    def down_dtype(self, sent: torch.dtype) -> torch.dtype:
+        """The reply's dtype: the client's wire dtype, or float32 when a codec dequantises on the cloud."""
+        return sent if self.codec is None else torch.float32
+
+    def simulate_up(self, hidden: torch.Tensor, tokens: Sequence[int], session: int) -> torch.Tensor:
+        """(T, d) states of a sequence (positions 0..T-1, on the wire dtype) -> (T, d) float32 as the body gets them."""
+        x = self.transform_up(hidden[None], range(len(tokens)), session, path_digests(0, tokens))
+        return (self.codec.roundtrip(x) if self.codec else x)[0].float()
+
+    # ---------------------------------------------------------------- local layers
+    def apply_head(self, head: torch.nn.Module) -> None:
+        """Apply the model defenses to a LocalHead / TruncatedForward in place (its layers become private copies)."""
+        for d in self.model_items:
+            if not hasattr(d, "apply_head"):
+                raise DefenseError(f"defense {d.name!r} changes the split per session; the runtime serves one "
+                                   "split per body, so use it in `splitinfer attack`/`bench` (states only)")
+            d.apply_head(head)
+
+
+def check_public(client_label: str | None, server_label: str | None) -> str | None:
+    """The hello check: a one-line mismatch message, or None when both sides agree."""
+    c, s = client_label or "none", server_label or "none"
+    if c == s:
+        return None
+    return (f"defense mismatch: the client runs {c!r} but the cloud runs {s!r}; start both with the same "
+            f"--defense (the cloud needs only its public part, e.g. --defense '{c}')")

@@ -1,0 +1,61 @@
+"""The defenses stage on the tiny model: rows, threat labels, utility ordering, results keys, report and plot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.stage_defenses import defenses_section, overhead_ms, stage_defenses
+from splitinfer.models import load_model
+
+
+@pytest.fixture()
+def cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
+    monkeypatch.setenv("SPLITINFER_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "docs.jsonl"
+    path.write_text("\n".join(json.dumps({"doc_id": f"d{i}", "text": f"Note {i}: the fox jumps {i * 31} times."})
+                              for i in range(40)), encoding="utf-8")
+    return {"head_depths": [2], "tail_layers": 1, "corpora": [f"file:{path}"], "train_tokens": 600,
+            "test_tokens": 160, "max_length": 32, "utility_sequences": 2, "tokens": 6,
+            "defenses": ["none", "noise(sigma=0.5)", "quant(format=int8)", "lora-random(rank=2,scale=0.5)",
+                         "random-split(depths=1,4)"],
+            "attackers": ["vocab-match-adaptive"], "overhead": ["quant(format=int8)"],
+            "options": {"vocab-match-adaptive": {"scored_tokens": 16, "random_tokens": 128, "max_candidates": 64,
+                                                 "batch_sizes": [64]}}}
+
+
+def test_stage_grid(cfg: dict, tmp_path: Path) -> None:
+    results = {"config": {"seed": 0}, "results": {}}
+    out = stage_defenses(load_model("tiny-random"), cfg, results)
+    rows = {r["defense"].split("(")[0]: r for r in out["rows"]}
+    assert set(rows) == {"none", "noise", "quant", "lora-random"}
+    none, noise = rows["none"], rows["noise"]
+    assert none["best"]["top1"]["value"] == 1.0 and none["best"]["threat_model"] == "white-box (exact)"
+    assert none["next_token_agreement"] >= 0.95 and none["greedy_identity"] == 1.0
+    assert "clip=" in noise["defense"]  # clip set from the median state norm
+    assert noise["next_token_agreement"] < none["next_token_agreement"]
+    assert noise["best"]["top1"]["value"] < none["best"]["top1"]["value"]
+    assert rows["quant"]["best"]["threat_model"] == "white-box (exact), adaptive"
+    assert rows["lora-random"]["best"]["threat_model"] == "shadow, adaptive"
+    run = results["results"][f"defenses/head:2/{noise['defense']}"]
+    assert {"recovery_top1", "next_token_agreement", "perplexity", "greedy_identity", "bytes_per_step",
+            "tau_combined", "modelled_tok_s_80ms"} <= set(run)
+    assert f"defenses/head:2/{noise['defense']}/vocab-match-adaptive" in results["results"]
+    (rs,) = out["random_split"]
+    assert rs["depths"] == [1, 4] and sum(rs["drawn"].values()) == rs["sequences"] > 1
+    assert 0.0 <= rs["sequence_acc"] <= 1.0 and "defenses/random-split(depths=1,4)" in results["results"]
+    lines = defenses_section(out, tmp_path)
+    assert any("DP per released vector" in line for line in lines)
+    assert (tmp_path / "defenses_frontier_head2.png").stat().st_size > 1000
+
+
+def test_time_budget_leaves_configurations_out(cfg: dict) -> None:
+    out = stage_defenses(load_model("tiny-random"), {**cfg, "time_budget_s": 0.0, "overhead": []},
+                         {"config": {"seed": 0}, "results": {}})
+    assert out["rows"] == [] and len(out["skipped"]) == 4  # random-split runs before the budgeted grid
+
+
+def test_overhead_is_measured() -> None:
+    assert 0 < overhead_ms("quant(format=int8)", 64, reps=5) < 1e3

@@ -1,0 +1,48 @@
+"""lora-private: an adapter trained by distillation moves the head's states, keeps the outputs close, stays local."""
+
+import json
+
+import pytest
+import torch
+
+from splitinfer.client import SplitModel
+from splitinfer.defenses import DefenseError, DefensePipeline
+from splitinfer.defenses.lora_private import train_adapter
+
+TEXT = ["Dear Ann, the clinic moved your appointment to Tuesday at 10:30; call 555-0199 to confirm. " * 6]
+
+
+@pytest.fixture(scope="module")
+def adapter(tiny, tmp_path_factory):
+    return train_adapter(tiny, 2, TEXT, tmp_path_factory.mktemp("adapter"), rank=4, steps=25, lr=5e-3, seq_len=32)
+
+
+def test_adapter_files_and_private_split(tiny, adapter):
+    meta = json.loads((adapter / "adapter.json").read_text())
+    assert meta["rank"] == 4 and meta["depth"] == 2 and meta["base_sha256"] == tiny.sha256
+    spec = f"lora-private(adapter={adapter},rank=4,steps=25)"
+    pipe = DefensePipeline.parse(spec)
+    assert pipe.public_label == "none" and "adapter" not in pipe.items[0].label(public=True)
+    ids = tiny.tokenizer(TEXT[0], add_special_tokens=False)["input_ids"][:40]
+    teacher = torch.log_softmax(tiny.model(torch.tensor([ids])).logits[0].float(), -1)
+    moved, kl = {}, {}
+    clean = SplitModel(tiny, "2,1")
+    h0 = clean.head(torch.tensor([ids]), torch.arange(len(ids)), clean.head.new_cache())
+    for name, d in (("private", pipe), ("random", "lora-random(rank=4,scale=0.3)")):
+        m = SplitModel(tiny, "2,1", defense=d)
+        h = m.head(torch.tensor([ids]), torch.arange(len(ids)), m.head.new_cache())
+        moved[name] = float((h - h0).norm() / h0.norm())
+        m.remote.open()
+        logits = m.forward_step(m.head.new_cache(), m.tail.new_cache(), ids, list(range(len(ids))))[0]
+        m.remote.close()
+        kl[name] = float(torch.nn.functional.kl_div(torch.log_softmax(logits, -1), teacher, log_target=True,
+                                                    reduction="batchmean"))
+    assert moved["private"] > 1e-3  # the states the cloud sees moved
+    assert kl["private"] < kl["random"], (moved, kl)  # distillation keeps the outputs closer than a random move
+
+
+def test_missing_or_mismatched_adapter(tiny, adapter):
+    with pytest.raises(DefenseError, match="no adapter at"):
+        SplitModel(tiny, "2,1", defense="lora-private(adapter=/nonexistent)")
+    with pytest.raises(DefenseError, match="covers 2 layers at rank 4"):
+        SplitModel(tiny, "3,1", defense=f"lora-private(adapter={adapter},rank=4)")
