@@ -12,11 +12,11 @@ import statistics
 
 from tqdm import tqdm
 
-from splitinfer import timing as rtt_model
 from benchmarks.exactness import PROMPTS as EXACT_PROMPTS
 from benchmarks.exactness import compare, unsplit_reference
 from benchmarks.prompts import PROMPTS as CATEGORY_PROMPTS
 from benchmarks.schema import add_metric, metric
+from splitinfer import timing as rtt_model
 from splitinfer.client import SplitModel
 from splitinfer.link import WanProfile
 from splitinfer.models import LoadedModel
