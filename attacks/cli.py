@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 
-from attacks.train import add_tap_args
+from attacks.train import add_parsers, add_tap_args
 from splitinfer.cli_flags import (
     ModelFlags,
     add_deprecated,
@@ -70,8 +70,6 @@ def cmd_extract(args) -> int:
 
 def register(sub) -> None:
     """Mount ``attack corpora | extract | train | eval | list`` on the ``splitinfer`` sub-command parser."""
-    from attacks.train import add_parsers  # train | eval | list
-
     attack = sub.add_parser("attack", help="inversion attacks: corpora, extract, train, eval, list")
     asub = attack.add_subparsers(dest="attack_command", required=True)
     c = asub.add_parser("corpora", help="list the corpora with document (and token) counts per split")
