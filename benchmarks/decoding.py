@@ -54,7 +54,7 @@ from tqdm import tqdm
 
 from benchmarks.prompts import PROMPTS
 from splitinfer import atomic, batch_invariant
-from splitinfer.client import SplitModel
+from splitinfer.client import SplitModel, eos_ids
 from splitinfer.decoding.base import DecodingEnv, list_proposers, make_proposer
 from splitinfer.decoding.combined import DEFAULT_SOURCES
 from splitinfer.decoding.replay import replay, top_tokens_of
@@ -136,7 +136,7 @@ class DecodingBench:
         self.refs: list = []
         self.runs: dict[str, list[dict]] = {}  # label -> per-prompt records
         self.env = DecodingEnv(vocab_size=int(sm.loaded.model.config.vocab_size),
-                               eos_ids=frozenset(_eos(sm)), max_new_tokens=max_new_tokens)
+                               eos_ids=frozenset(eos_ids(sm.loaded)), max_new_tokens=max_new_tokens)
 
     def reference(self) -> None:
         self.sm.generate(self.ids[0], 4)  # warm-up
@@ -177,12 +177,6 @@ def _head_sha(sm: SplitModel, draft_head: str | None, wanted: list[str]) -> str 
     from splitinfer.decoding.feature_head import default_dir, weights_sha256
 
     return weights_sha256(draft_head or default_dir(sm.loaded.sha256))
-
-
-def _eos(sm: SplitModel) -> set[int]:
-    from splitinfer.client import eos_ids
-
-    return eos_ids(sm.loaded)
 
 
 def run_decoding_bench(
@@ -264,7 +258,7 @@ def _peers(bench: DecodingBench) -> dict:
     from benchmarks.decoding_peers import ASSISTED, PROMPT_LOOKUP_TOKENS, prompt_lookup_runs
 
     recs = prompt_lookup_runs(bench.sm.loaded.model, bench.ids, [r.token_ids for r in bench.refs], bench.max_new,
-                              _eos(bench.sm))
+                              eos_ids(bench.sm.loaded))
     for rec, (cat, _) in zip(recs, bench.items):
         rec["category"] = cat
     return {f"transformers prompt-lookup k={PROMPT_LOOKUP_TOKENS} (unsplit)": recs, "assisted generation": ASSISTED}

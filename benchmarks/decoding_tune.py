@@ -83,9 +83,9 @@ def batched_greedy(model, prompts: list[list[int]], max_new_tokens: int, eos: se
 
 def build_refs(sm, humaneval: int, max_new_tokens: int, peers: bool = False) -> dict:
     """Greedy outputs and top-k rows for every prompt, and optionally transformers' prompt lookup on each."""
-    from benchmarks.decoding import _eos
+    from splitinfer.client import eos_ids
 
-    model, eos = sm.loaded.model, _eos(sm)
+    model, eos = sm.loaded.model, eos_ids(sm.loaded)
     sets = {"project": [(cat, p) for cat, ps in PROMPTS.items() for p in ps]}
     if humaneval:
         sets["humaneval"] = [("humaneval", p) for p in humaneval_prompts(humaneval)]

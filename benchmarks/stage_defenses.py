@@ -36,11 +36,13 @@ import torch
 from tqdm import tqdm
 
 from attacks.defended import as_public, attacker_view, defend_taps, victim_model
-from attacks.evaluate import score
+from attacks.evaluate import prior_from_taps, score
 from attacks.recipes.vocab_match import scoring_subset
 from attacks.registry import get_attack_class, make_attack
-from attacks.tapdata import Taps, extract_depths
+from attacks.tapdata import Taps
+from attacks.taps import extract_depths
 from benchmarks.prompts import PROMPTS
+from benchmarks.attack_grid import Victim, row_threat_model
 from benchmarks.schema import add_metric, metric
 from splitinfer.client import SplitModel
 from splitinfer.defenses import DefensePipeline
@@ -76,8 +78,9 @@ def _pipeline(spec: str, train: Taps) -> DefensePipeline:
 
 
 def _threat(name: str, pipe: DefensePipeline) -> str:
-    exact = "vocab-match" in name
-    base = "shadow" if pipe.model_items else f"white-box ({'exact' if exact else 'learned'})"
+    """The row's label (DESIGN.md section 4): the recipe's, shadow against private local layers, + adaptive."""
+    victim = Victim(defense=pipe.label, private_local_layers=bool(pipe.model_items))
+    base = row_threat_model(get_attack_class(name).threat_model, victim)
     return base if pipe.is_none else f"{base}, adaptive"
 
 
@@ -85,15 +88,16 @@ def _attack(loaded, name: str, opts: dict, pipe: DefensePipeline, train: Taps, t
             seed: int) -> dict:
     own = attacker_view(pipe)
     hp = dict(opts)
-    exact = get_attack_class(name).threat_model == "white-box" and "head_weights" in get_attack_class(name).requires
-    if name == "vocab-match-adaptive":
+    cls = get_attack_class(name)
+    if getattr(cls, "adaptive", False):  # it is told the defense's public part
         hp["defense"] = format_items(pipe.items, public=True)
-    target = scoring_subset(test, rows, int(hp.pop("scored_tokens", 32)), 0) if exact else test
+    prefixes = cls.scoring == "prefixes"  # costly per token: scored on sequence prefixes
+    target = scoring_subset(test, rows, int(hp.pop("scored_tokens", 32)), 0) if prefixes else test
     atk = make_attack(name, model=loaded, seed=seed, **hp)
     t0 = time.perf_counter()
     atk.fit(defend_taps(train, own))
     inv = atk.invert(target, k=5)
-    m = score(inv, target, vocab_size=int(loaded.config.vocab_size), train_token_ids=train.token_ids)
+    m = score(inv, target, vocab_size=int(loaded.config.vocab_size), prior=prior_from_taps(train))
     return {"attack": name, "threat_model": _threat(name, pipe), "metrics": m, "seconds": time.perf_counter() - t0,
             "test_tokens": target.n_tokens}
 

@@ -114,10 +114,9 @@ def _load() -> None:
     if not _LOADED:
         import importlib
         import pkgutil
+        from pathlib import Path
 
-        import splitinfer.defenses as pkg
-
-        for mod in pkgutil.iter_modules(pkg.__path__):
+        for mod in pkgutil.iter_modules([str(Path(__file__).parent)]):  # this package's modules, no import cycle
             if mod.name not in ("base", "pipeline", "keyed", "cli_args") and not mod.name.startswith("_"):
                 importlib.import_module(f"splitinfer.defenses.{mod.name}")
         _LOADED = True

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attacks.defended import attacker_view, defend_taps, victim_model
-from attacks.tapdata import extract_depths
+from attacks.taps import extract_depths
 from splitinfer.client import SplitModel
 from splitinfer.defenses import DefensePipeline
 from tests.attacks.recipes.test_vocab_match import TEXTS

@@ -7,7 +7,7 @@ from splitinfer.errors import SplitInferError
 
 
 def test_every_stage_is_registered_once_with_an_importable_entry():
-    assert list(STAGES) == ["exactness", "speed", "rtt_model", "ngram_ablation", "attacks"]
+    assert list(STAGES) == ["exactness", "speed", "rtt_model", "ngram_ablation", "attacks", "defenses"]
     for stage in STAGES.values():
         assert callable(stage.function()), stage.entry
     with pytest.raises(SplitInferError, match="unknown stage 'nope'; known: exactness, speed"):
@@ -39,7 +39,7 @@ def test_committed_suites_give_budgets_that_fit_the_quick_limit():
 def test_bench_ls_lists_suites_and_stages(capsys):
     assert main(["bench", "ls"]) == 0
     out = capsys.readouterr().out
-    assert "quick" in out and "ci" in out and "speed (240 s)" in out
+    assert "quick" in out and "ci" in out and "speed (150 s)" in out
     for name in STAGES:
         assert name in out
 
@@ -49,6 +49,6 @@ def test_bench_validate_one_line_per_suite(tmp_path, capsys):
     bad.write_text('name = "x"\nmodel = "tiny-random"\n[speed]\nbudget_s = -1\n')
     assert main(["bench", "validate", "ci", str(bad)]) == 2
     out, err = capsys.readouterr()
-    assert out.strip().endswith("ci.toml: ok (4 stages: exactness, speed, rtt_model, attacks; budgets sum to 145 s)")
+    assert out.strip().endswith("ci.toml: ok (5 stages: exactness, speed, rtt_model, attacks, defenses; budgets sum to 175 s)")
     assert err.strip().splitlines() == [f"splitinfer: error: {bad} [speed]: budget_s must be > 0 seconds, got -1"]
     assert main(["bench", "validate", "ci"]) == 0

@@ -10,7 +10,7 @@ import pytest
 from attacks.defended import attacker_view, defend_taps
 from attacks.errors import AttackError
 from attacks.registry import make_attack
-from attacks.tapdata import extract_depths
+from attacks.taps import extract_depths
 from splitinfer.defenses import DefensePipeline
 from tests.attacks.recipes.test_vocab_match import TEXTS
 
@@ -19,7 +19,9 @@ from tests.attacks.recipes.test_vocab_match import TEXTS
 def taps(tiny, tmp_path_factory):
     root = tmp_path_factory.mktemp("vma")
     path = root / "docs.jsonl"
-    path.write_text("\n".join(json.dumps({"doc_id": f"d{i}", "text": t}) for i, t in enumerate(TEXTS * 4)))
+    # four variants of each text (corpora are de-duplicated by normalised text, so plain copies would be dropped)
+    texts = [f"{t} ({k})" for k in range(4) for t in TEXTS]
+    path.write_text("\n".join(json.dumps({"doc_id": f"d{i}", "text": t}) for i, t in enumerate(texts)))
     os.environ.setdefault("SPLITINFER_CACHE", str(root / "cache"))
     return extract_depths(tiny, f"file:{path}", ["head:2"], dtype="fp16", progress=False)["head:2"]
 

@@ -85,7 +85,7 @@ def test_wrong_model_corrupt_or_missing_files_are_one_line_errors(feature_head_d
     with pytest.raises(SplitInferError, match="not a readable safetensors file") as e:
         load_head(tmp_path)
     assert "\n" not in str(e.value)
-    save_head(FeatureHead(64, 8), tmp_path, {})
+    save_head(FeatureHead(64, 8), tmp_path, {}, force=True)  # another run: overwriting it needs force
     js.write_text(json.dumps({**json.loads(js.read_text()), "mlp_hidden": 9}))
     with pytest.raises(SplitInferError, match="wrong names or shapes"):
         load_head(tmp_path)

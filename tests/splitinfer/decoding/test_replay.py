@@ -2,7 +2,7 @@ import pytest
 
 from splitinfer.client import SplitModel
 from splitinfer.decoding.base import DecodingEnv, make_proposer
-from splitinfer.decoding.replay import replay, tau
+from splitinfer.decoding.replay import replay, tau, top_tokens_of
 from splitinfer.errors import SplitInferError
 
 PROMPT = "the cat sat on the mat. the cat sat on the mat. the cat"
@@ -14,12 +14,20 @@ CASES = [
 ]
 
 
+def _topk(tiny, proposer, prompt, output):
+    """The model's top-k rows the verifier hands a proposer that asks for them (token-recycling in combined)."""
+    k = proposer.feedback_topk
+    return top_tokens_of(tiny.model, prompt, output, k) if k else None
+
+
 @pytest.mark.parametrize("name,options", CASES)
 def test_replay_takes_the_same_steps_as_the_real_verifier(tiny, name, options):
     sm = SplitModel(tiny, "2,2", wire_dtype="fp32")
     ids = sm.encode_prompt(PROMPT)
     res = sm.generate(ids, 48, stop_on_eos=False, decoding=make_proposer(name, **options))
-    steps = replay(make_proposer(name, **options), ids, res.token_ids, 48, DecodingEnv(vocab_size=259))
+    proposer = make_proposer(name, **options)
+    topk = _topk(tiny, proposer, ids, res.token_ids)
+    steps = replay(proposer, ids, res.token_ids, 48, DecodingEnv(vocab_size=259), topk=topk)
     assert [s.tokens_committed for s in steps] == [s.tokens_committed for s in res.steps]
     assert [s.tokens_sent for s in steps] == [s.tokens_sent for s in res.steps]
     assert tau(steps) == pytest.approx(res.tokens_per_step)
@@ -51,6 +59,6 @@ def test_replay_matches_across_prompts_with_eos_inside_drafts(tiny, monkeypatch)
     env = DecodingEnv(vocab_size=259, eos_ids=frozenset({full[12]}), max_new_tokens=40)
     for ids in prompts:
         res = sm.generate(ids, 40, decoding=real)
-        steps = replay(rep, ids, res.token_ids, 40, env)
+        steps = replay(rep, ids, res.token_ids, 40, env, topk=_topk(tiny, rep, ids, res.token_ids))
         assert [s.tokens_committed for s in steps] == [s.tokens_committed for s in res.steps]
         assert [s.tokens_sent for s in steps] == [s.tokens_sent for s in res.steps]
