@@ -8,15 +8,14 @@ every recipe (name, threat model, requirements, boundary side),
 
 from __future__ import annotations
 
-import importlib
 import logging
-import pkgutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from attacks.base import RECIPE_THREAT_MODELS, REQUIREMENTS, SIDES, Attack, read_config
 from attacks.errors import AttackError
+from splitinfer.registry import claim, import_modules
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +40,7 @@ def register_attack(name: str) -> Callable[[type[Attack]], type[Attack]]:
         bad = sorted(set(cls.requires) - set(REQUIREMENTS))
         if bad:
             raise AttackError(f"attack {name!r} requires unknown resources {bad}; known: {sorted(REQUIREMENTS)}")
-        old = _REGISTRY.get(name)
-        if old is not None and old.__qualname__ != cls.__qualname__:
-            raise AttackError(f"attack name {name!r} is registered twice ({old.__qualname__}, {cls.__qualname__})")
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
+        return claim(_REGISTRY, name, cls, "attack", AttackError)
 
     return deco
 
@@ -58,9 +52,7 @@ def _load_recipes() -> None:
         return
     import attacks.recipes as pkg
 
-    for mod in pkgutil.iter_modules(pkg.__path__):
-        if not mod.name.startswith("_"):
-            importlib.import_module(f"attacks.recipes.{mod.name}")
+    import_modules("attacks.recipes", Path(pkg.__file__).parent)
     _LOADED = True
 
 

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 from splitinfer.errors import SplitInferError
+from splitinfer.registry import claim, import_modules
 
 __all__ = ["DefenseError", "Defense", "register_defense", "list_defenses", "get_defense_class", "parse_items",
            "format_items", "parse_option_value"]
@@ -99,12 +100,7 @@ def register_defense(name: str) -> Callable[[type], type]:
         fields = {f.name for f in dataclasses.fields(cls)}
         if cls.kind not in ("wire", "model") or not set(cls.strength) <= fields or not set(cls.secret) <= fields:
             raise DefenseError(f"defense {name!r}: kind must be wire|model and strength/secret must name its fields")
-        old = _REGISTRY.get(name)
-        if old is not None and old.__qualname__ != cls.__qualname__:
-            raise DefenseError(f"defense name {name!r} is registered twice")
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
+        return claim(_REGISTRY, name, cls, "defense", DefenseError)
 
     return deco
 
@@ -112,13 +108,10 @@ def register_defense(name: str) -> Callable[[type], type]:
 def _load() -> None:
     global _LOADED
     if not _LOADED:
-        import importlib
-        import pkgutil
         from pathlib import Path
 
-        for mod in pkgutil.iter_modules([str(Path(__file__).parent)]):  # this package's modules, no import cycle
-            if mod.name not in ("base", "pipeline", "keyed", "cli_args") and not mod.name.startswith("_"):
-                importlib.import_module(f"splitinfer.defenses.{mod.name}")
+        # this package's defense modules, found by directory (importing the package here would be a cycle)
+        import_modules("splitinfer.defenses", Path(__file__).parent, skip=("base", "pipeline", "keyed", "cli_args"))
         _LOADED = True
 
 

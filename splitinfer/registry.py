@@ -1,0 +1,32 @@
+"""Name registries of classes filled by decorators: the attack recipes and the defenses share these two steps.
+
+:func:`claim` puts a checked class under its name (a re-import of the same
+class is no clash; another class under a taken name is), and
+:func:`import_modules` imports a package's modules once so that their
+decorators run. A leaf module: it imports nothing of the project.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Iterable
+from pathlib import Path
+
+
+def claim(registry: dict[str, type], name: str, cls: type, kind: str, error: type[Exception]) -> type:
+    """Register ``cls`` as ``name`` in ``registry`` and set ``cls.name``; ``error`` if another class holds it."""
+    old = registry.get(name)
+    if old is not None and old.__qualname__ != cls.__qualname__:
+        raise error(f"{kind} name {name!r} is registered twice ({old.__qualname__}, {cls.__qualname__})")
+    cls.name = name
+    registry[name] = cls
+    return cls
+
+
+def import_modules(package: str, directory: str | Path, skip: Iterable[str] = ()) -> None:
+    """Import every public module of ``package`` found in ``directory`` (``_private`` ones and ``skip`` left out)."""
+    skip = set(skip)
+    for mod in pkgutil.iter_modules([str(directory)]):
+        if mod.name not in skip and not mod.name.startswith("_"):
+            importlib.import_module(f"{package}.{mod.name}")
