@@ -41,7 +41,8 @@ FORMAT = "splitinfer-predictions"
 VERSION = 1
 REPORTS_MAX_BYTES = 1 << 20  # 1 MiB per file under reports/
 
-__all__ = ["Predictions", "REPORTS_MAX_BYTES", "read_predictions", "rescore", "write_predictions", "write_all"]
+__all__ = ["Predictions", "REPORTS_MAX_BYTES", "predictions_path", "read_predictions", "rescore", "rescore_dir",
+           "write_predictions", "write_all"]
 
 
 @dataclass
@@ -162,8 +163,71 @@ def rescore(path: str | os.PathLike[str]) -> tuple[dict[str, dict[str, Any]], Pr
     return pred.summarize(), pred
 
 
+def predictions_path(out_dir: str | os.PathLike[str], run: str) -> Path:
+    """Where the predictions of results run ``run`` go: ``out_dir/predictions/<run with / as __>.jsonl.gz``."""
+    return Path(out_dir) / "predictions" / (run.replace("/", "__").replace(":", "-") + ".jsonl.gz")
+
+
 def write_all(records: dict[str, Predictions], out_dir: str | os.PathLike[str]) -> list[Path]:
-    """Write ``{name: record}`` as ``out_dir/predictions/<name with / as __>.jsonl.gz``; returns the paths."""
-    base = Path(out_dir) / "predictions"
-    return [write_predictions(base / (name.replace("/", "__").replace(":", "-") + ".jsonl.gz"), rec)
-            for name, rec in records.items()]
+    """Write ``{run: record}`` to :func:`predictions_path` (the run name goes into the header); returns the paths."""
+    out = []
+    for run, rec in records.items():
+        rec.meta.setdefault("run", run)
+        out.append(write_predictions(predictions_path(out_dir, run), rec))
+    return out
+
+
+def _results_file(directory: Path) -> Path:
+    candidates = [directory / "results.json"] + sorted(directory.glob("*.json"))
+    for path in candidates:
+        if path.is_file():
+            try:
+                doc = json.loads(path.read_text(encoding="utf-8"))
+            except ValueError:
+                continue
+            if isinstance(doc, dict) and isinstance(doc.get("results"), dict):
+                return path
+    raise AttackError(f"{str(directory)!r} holds no results JSON (results.json or *.json with a 'results' table); "
+                      "pass the output directory of a suite run or of `bench attacks`")
+
+
+def _recorded(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """run -> every metric a results document holds: its ``results`` table, completed by the pooled rows of the
+    suite's attack stage (``data.attacks.rows``, which keep the metrics the table leaves out)."""
+    out = {run: dict(m) for run, m in doc["results"].items() if isinstance(m, dict)}
+    stage = (doc.get("data") or {}).get("attacks")
+    for r in stage.get("rows", []) if isinstance(stage, dict) else []:
+        if r.get("corpus") == "all" and isinstance(r.get("metrics"), dict):
+            have = out.setdefault(f"attacks/{r['attack']}/{r['boundary']}", {})
+            for name, m in r["metrics"].items():
+                have.setdefault(name, m)
+    return out
+
+
+def rescore_dir(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Recompute the metrics of every predictions file under ``directory/predictions`` and compare them with the
+    results document beside it (value, interval and n of every metric the predictions define).
+
+    Returns one record per file: ``run``, ``metrics`` (compared), ``mismatches`` (names), ``complete`` (a file cut
+    by the size cap is rescored but not compared) and ``missing`` (a run the results document lacks).
+    """
+    directory = Path(directory)
+    results = _recorded(json.loads(_results_file(directory).read_text(encoding="utf-8")))
+    files = sorted((directory / "predictions").glob("*.jsonl.gz"))
+    if not files:
+        raise AttackError(f"{str(directory / 'predictions')!r} holds no *.jsonl.gz predictions; the run wrote none")
+    out = []
+    for path in files:
+        summary, pred = rescore(path)
+        run = pred.meta.get("run") or f"attacks/{pred.meta.get('attack')}/{pred.meta.get('boundary')}"
+        have = results.get(run)
+        rec: dict[str, Any] = {"run": run, "file": path.name, "complete": pred.complete, "missing": have is None,
+                               "metrics": 0, "mismatches": []}
+        if have is not None and pred.complete:
+            for name, m in summary.items():
+                rec["metrics"] += 1
+                got = have.get(name)
+                if got is None or any(got.get(k) != m.get(k) for k in ("value", "ci_low", "ci_high", "n")):
+                    rec["mismatches"].append(name)
+        out.append(rec)
+    return out

@@ -175,10 +175,30 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def _rescore_dir(args) -> int:
+    from attacks.predictions import rescore_dir
+
+    recs = rescore_dir(args.path)
+    bad = [r for r in recs if r["mismatches"] or r["missing"]]
+    for r in recs:
+        state = ("run missing from the results" if r["missing"] else "size-capped: not compared" if not r["complete"]
+                 else f"{len(r['mismatches'])} of {r['metrics']} metrics differ ({', '.join(r['mismatches'])})"
+                 if r["mismatches"] else f"{r['metrics']} metrics reproduced exactly")
+        print(f"  {r['run']:<44} {state}")
+    print(f"{args.path}: {len(recs)} predictions files, {len(recs) - len(bad)} reproduce the results document")
+    if args.json:
+        print(json.dumps(recs))
+    return 1 if bad else 0
+
+
 def cmd_rescore(args) -> int:
+    from pathlib import Path
+
     from attacks.evaluate import flat_report
     from attacks.predictions import rescore
 
+    if Path(args.path).is_dir():
+        return _rescore_dir(args)
     summary, pred = rescore(args.path)
     scope = "" if pred.complete else f" (size cap: {len(pred.doc_ids)} of {pred.n_documents_total} documents)"
     print(f"{args.path}: {sum(len(t) for t in pred.true)} tokens, {len(pred.doc_ids)} documents{scope}; "
@@ -281,7 +301,9 @@ def add_parsers(asub) -> None:
     e.set_defaults(func=cmd_eval)
 
     r = asub.add_parser("rescore", help="recompute every metric from a per-token predictions file, without rerunning")
-    r.add_argument("path", help="a *.jsonl.gz written by `attack eval`, the attack stage or the depth study")
+    r.add_argument("path", help="a *.jsonl.gz written by `attack eval`, the attack stage or the depth study; or "
+                   "an output directory (a suite run, `bench attacks`): every file there is rescored and compared "
+                   "with its results document (exit 1 on any difference)")
     r.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     r.set_defaults(func=cmd_rescore)
 

@@ -93,6 +93,7 @@ class GridConfig:
     prefix_depths: tuple[int, ...] | None = None  # depths where prefix-scored attacks run (None = all)
     wire_tokens: int = 256  # generated tokens per corpus for reads="next" attackers (0: teacher-forced next token)
     wire_split_head: int = 2  # head layers of the split model generating the wire traffic
+    min_pii_spans: int = 0  # test split of a PII corpus grown until every span type has this many scored spans
     seed: int = 0
     n_boot: int = 1000
     victim: Victim = Victim()
@@ -108,6 +109,8 @@ class GridData:
     test_rows: dict[str, tuple[int, int]]
     depth_of: dict[str, int]
     wire: dict[str, Any] = field(default_factory=dict)  # tail boundary -> attack_wire.WireTargets (on demand)
+    # corpus -> {"test_tokens", "spans" per type, "unscored_spans"}: the scored PII of each PII corpus's test split
+    pii: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -123,17 +126,74 @@ def boundaries(cfg: GridConfig) -> list[str]:
     return [f"head:{a}" for a in cfg.head_depths] + [f"tail:{b}" for b in cfg.tail_layers]
 
 
-def _pool(loaded: Any, cfg: GridConfig, bounds: list[str], split: str, per_corpus: int):
+def pii_test_tokens(loaded: Any, corpus: str, cfg: GridConfig) -> int:
+    """Test tokens of ``corpus`` needed for ``cfg.min_pii_spans`` scored spans of every PII type it holds.
+
+    Documents are taken in split order, each cut at ``cfg.max_doc_tokens`` as the taps cut it; a span counts
+    when it ends inside the tokenized part. Returns ``cfg.test_tokens`` when that is enough, when the corpus has
+    no PII, or when ``min_pii_spans`` is 0; the whole split when even that falls short (the report shows n).
+    """
+    from splitinfer.corpora import load_corpus
+
+    if cfg.min_pii_spans <= 0:
+        return cfg.test_tokens
+    dataset = load_corpus(corpus, "test", cfg.seed, None, loaded.tokenizer)
+    counts: dict[str, int] = {}
+    for spans in dataset["pii_spans"]:
+        for s in spans:
+            counts.setdefault(s["type"], 0)
+    if not counts:
+        return cfg.test_tokens
+    tokens = 0
+    for text, spans in zip(dataset["text"], dataset["pii_spans"]):
+        if min(counts.values()) >= cfg.min_pii_spans:
+            break
+        offs = loaded.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        offs = offs[: cfg.max_doc_tokens or len(offs)]
+        if not offs:
+            continue
+        covered = max(e for _, e in offs)
+        tokens += len(offs)
+        for s in spans:
+            counts[s["type"]] += int(s["end"] <= covered)
+    if min(counts.values()) < cfg.min_pii_spans:
+        log.warning("%s: the whole test split holds only %d spans of its rarest PII type (%d wanted)", corpus,
+                    min(counts.values()), cfg.min_pii_spans)
+    return max(cfg.test_tokens, tokens)
+
+
+def _pii_summary(taps: Taps) -> dict[str, Any]:
+    """Scored PII spans per type and spans that the document cap cut (they start inside, end beyond the text)."""
+    spans: dict[str, int] = {}
+    unscored = 0
+    for d in taps.documents:
+        for s in d.get("pii_spans") or []:
+            if s["end"] <= len(d["text"]):
+                spans[s["type"]] = spans.get(s["type"], 0) + 1
+            else:
+                unscored += 1
+    return {"test_tokens": taps.n_tokens, "spans": dict(sorted(spans.items())), "unscored_spans": unscored}
+
+
+def _pool(loaded: Any, cfg: GridConfig, bounds: list[str], split: str, per_corpus: int,
+          pii: dict[str, dict[str, Any]] | None = None):
     parts: dict[str, list[Taps]] = {b: [] for b in bounds}
     rows: dict[str, tuple[int, int]] = {}
     for corpus in cfg.corpora:
-        taps = extract_depths(loaded, corpus, bounds, split, max_tokens=per_corpus, max_length=cfg.max_length,
+        n_tokens = pii_test_tokens(loaded, corpus, cfg) if split == "test" else per_corpus
+        taps = extract_depths(loaded, corpus, bounds, split, max_tokens=n_tokens, max_length=cfg.max_length,
                               max_doc_tokens=cfg.max_doc_tokens, seed=cfg.seed, progress=False)
         if split == "test" and len(set(taps[bounds[0]].seq_doc.tolist())) < MIN_TEST_DOCUMENTS:
             # long documents: cap tokens per document so the corpus has >= 10 test documents (DESIGN.md 5)
-            cap = max(1, per_corpus // MIN_TEST_DOCUMENTS)
-            taps = extract_depths(loaded, corpus, bounds, split, max_tokens=per_corpus, max_length=cfg.max_length,
+            cap = max(1, n_tokens // MIN_TEST_DOCUMENTS)
+            taps = extract_depths(loaded, corpus, bounds, split, max_tokens=n_tokens, max_length=cfg.max_length,
                                   max_doc_tokens=min(cfg.max_doc_tokens or cap, cap), seed=cfg.seed, progress=False)
+        summary = _pii_summary(taps[bounds[0]])
+        if pii is not None and (summary["spans"] or summary["unscored_spans"]):
+            pii[corpus] = summary
+            if summary["unscored_spans"]:  # once per corpus, not at every scoring
+                log.warning("%s: %d PII span(s) run past the per-document token cap (%s) and are not scored",
+                            corpus, summary["unscored_spans"], cfg.max_doc_tokens)
         start = sum(t.n_tokens for t in parts[bounds[0]])
         rows[corpus] = (start, start + taps[bounds[0]].n_tokens)
         for b, t in taps.items():
@@ -151,9 +211,11 @@ def extract(loaded: Any, cfg: GridConfig) -> GridData:
         raise AttackError("the attack grid has no boundary; give head depths or tail layers")
     train, _ = _pool(loaded, cfg, bounds, "train", cfg.train_tokens)
     val = _pool(loaded, cfg, bounds, "val", cfg.val_tokens)[0] if cfg.val_tokens else None
-    test, rows = _pool(loaded, cfg, bounds, "test", cfg.test_tokens)
+    pii: dict[str, dict[str, Any]] = {}
+    test, rows = _pool(loaded, cfg, bounds, "test", cfg.test_tokens, pii)
     L = loaded.num_layers
-    return GridData(train, val, test, rows, {b: int(b[5:]) if b.startswith("head") else L - int(b[5:]) for b in bounds})
+    return GridData(train, val, test, rows, {b: int(b[5:]) if b.startswith("head") else L - int(b[5:]) for b in bounds},
+                    pii=pii)
 
 
 def plan(cfg: GridConfig, depth_of: dict[str, int]) -> list[Job]:

@@ -96,3 +96,14 @@ def compare(a: dict[str, Any], b: dict[str, Any], seed: int = 0) -> str:
         return f"{100 * diff:+.1f} [n/a]"
     verdict = "significant" if low > 0 or high < 0 else "not significant"
     return f"{100 * diff:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}], {verdict}"
+
+
+def pii_test_line(pii: dict[str, dict[str, Any]] | None) -> str | None:
+    """One sentence per PII corpus: its test tokens, scored spans per type, and spans the document cap cut."""
+    if not pii:
+        return None
+    parts = [f"{c}: {v['test_tokens']} test tokens, scored spans per type "
+             + ", ".join(f"{t} {n}" for t, n in v["spans"].items())
+             + f"; {v['unscored_spans']} span(s) run past the per-document token cap and are not scored"
+             for c, v in pii.items()]
+    return "PII test split: " + "; ".join(parts) + "."

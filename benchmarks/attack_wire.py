@@ -73,7 +73,8 @@ def wire_targets(loaded: Any, cfg: Any, data: Any, boundary: str) -> NextTargets
     tok = loaded.tokenizer
     test = next(iter(data.test.values()))
     hidden, ids, lengths, docs, targets, corpus_of = [], [], [], [], [], []
-    traffic = {"wire_frames": 0, "wire_draft_frames": 0, "wire_rejected_rows": 0}
+    traffic = {"wire_frames": 0, "wire_draft_frames": 0, "wire_rejected_rows": 0, "wire_sessions": 0,
+               "wire_skipped_sessions": 0}
     for corpus, (lo, hi) in data.test_rows.items():
         seq_docs = sorted(set(test.doc_index()[lo:hi].tolist()))
         results, budget = [], cfg.wire_tokens
@@ -94,12 +95,14 @@ def wire_targets(loaded: Any, cfg: Any, data: Any, boundary: str) -> NextTargets
         traffic["wire_rejected_rows"] += sum(not k for st in wt.steps for k in st.kept)
         if len(sessions) != len(results):
             raise AttackError(f"wire tap of {corpus}: {len(sessions)} sessions for {len(results)} generations")
+        traffic["wire_sessions"] += len(sessions)
         for (sid, rows), res in zip(sessions.items(), results):
             rows.sort(key=lambda r: r[0])
             stream = list(res.prompt_ids) + list(res.token_ids)
             pos = [r[0] for r in rows]
             if pos != list(range(len(rows))) or any(lab not in (-1, stream[p]) for p, _, lab in rows):
                 log.warning("wire session %s of %s: committed rows are not the generated stream; skipped", sid, corpus)
+                traffic["wire_skipped_sessions"] += 1
                 continue
             p0 = len(res.prompt_ids)
             hidden.append(np.stack([r[1].float().numpy() for r in rows]).astype(np.float16))  # (T, d)
@@ -110,7 +113,9 @@ def wire_targets(loaded: Any, cfg: Any, data: Any, boundary: str) -> NextTargets
             docs.append({"doc_id": f"wire-{corpus}-{len(docs)}", "genre": corpus, "pii_spans": [],
                          "text": tok.decode(stream, skip_special_tokens=False)})
     if not hidden:
-        raise AttackError("no wire traffic to score: the test documents gave no prompt of 2 or more tokens")
+        raise AttackError(f"no wire traffic to score: {traffic['wire_skipped_sessions']} of "
+                          f"{traffic['wire_sessions']} sessions skipped, and the test documents gave no other prompt "
+                          "of 2 or more tokens")
     meta = {**test.meta, "boundary": boundary, "depth": data.depth_of[boundary], "kind": "wire", "split": "wire"}
     taps = Taps(np.concatenate(hidden), np.concatenate(ids), lengths, np.arange(len(docs)), docs, None, meta)
     target = np.concatenate(targets)
@@ -119,6 +124,32 @@ def wire_targets(loaded: Any, cfg: Any, data: Any, boundary: str) -> NextTargets
     truth.token_ids = target[rows]
     log.info("wire traffic at %s: %d generated tokens scored over %d sessions", boundary, len(rows), len(docs))
     return NextTargets(taps, rows, truth, np.asarray(corpus_of)[rows], "wire", traffic)
+
+
+TRAFFIC_KEYS = ("wire_sessions", "wire_skipped_sessions", "wire_frames", "wire_draft_frames", "wire_rejected_rows")
+
+
+def record_traffic(results: dict[str, Any], run: str, info: dict[str, Any]) -> None:
+    """Add the wire traffic counts of a row's ``info`` (sessions, skipped sessions, frames...) to ``run``."""
+    from benchmarks.schema import add_metric, metric
+
+    for key in TRAFFIC_KEYS:
+        if key in info:
+            add_metric(results, run, key, metric(float(info[key]), kind="info", unit="count"))
+
+
+def traffic_line(rows: list[dict[str, Any]]) -> str | None:
+    """One Markdown sentence per tail boundary: sessions generated, skipped, frames and draft rows on the wire."""
+    seen: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r.get("scored_on") == "wire" and "wire_sessions" in r.get("info", {}):
+            seen.setdefault(r["boundary"], r["info"])
+    if not seen:
+        return None
+    parts = [f"{b}: {i['wire_sessions']} sessions, {i['wire_skipped_sessions']} skipped (committed rows not the "
+             f"generated stream), {i['wire_frames']} frames ({i['wire_draft_frames']} with drafts, "
+             f"{i['wire_rejected_rows']} rejected draft rows)" for b, i in seen.items()]
+    return "Wire traffic scored: " + "; ".join(parts) + "."
 
 
 def teacher_forced_targets(data: Any, boundary: str) -> NextTargets:

@@ -45,9 +45,9 @@ def cmd_attacks(args) -> int:
         test_tokens=args.test_tokens, max_length=args.max_length, max_doc_tokens=args.max_doc_tokens,
         vocab_match_tokens=args.vocab_match_tokens, vocab_match_pii_tokens=args.vocab_match_pii_tokens,
         vocab_match_depths=args.vocab_match_depths, attacks=args.attacks,
-        hparams=attack_hparams(base.hparams, args.attack_option), seed=args.seed, n_boot=args.n_boot,
-        device=args.device)
-    study = run_study(cfg, progress=not args.quiet, partial=Path(args.out) / PARTIAL_NAME)
+        hparams=attack_hparams(base.hparams, args.attack_option), seed=args.seed, train_seeds=args.train_seeds,
+        min_pii_spans=args.min_pii_spans, n_boot=args.n_boot, device=args.device)
+    study = run_study(cfg, progress=not args.quiet, partial=Path(args.out) / PARTIAL_NAME, predictions_dir=args.out)
     path_json, path_md = write_outputs(study, args.out)
     print(path_md.read_text(encoding="utf-8"))
     print(f"results written to {path_json} and {path_md}")
@@ -85,7 +85,13 @@ def register(bsub) -> None:
                    f"(defaults: {json.dumps(d.hparams)})")
     add_deprecated(p, "--hparams", "--attack-option NAME.KEY=VALUE", "attack_option", append=True,
                    convert=hparams_json_items)
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--min-pii-spans", type=int, default=d.min_pii_spans,
+                   help="the PII test split grows until every span type has this many scored spans (0: "
+                   "--test-tokens only; default %(default)s)")
+    p.add_argument("--seed", type=int, default=d.seed, help="data seed: splits and sampling (default %(default)s)")
+    p.add_argument("--train-seeds", type=int_list, default=",".join(map(str, d.train_seeds)),
+                   help="learned attackers are fitted once per seed; the tables show the first, the report the "
+                   "mean and spread across seeds (default %(default)s)")
     p.add_argument("--n-boot", type=int, default=d.n_boot)
     p.add_argument("--out", default="reports/attacks_depth", help="output directory (default %(default)s)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")

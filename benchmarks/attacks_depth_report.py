@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.attack_tables import SCOPE, baseline_line, cell, compare, pii_cell
+from benchmarks.attack_seeds import seed_spread
+from benchmarks.attack_tables import SCOPE, baseline_line, cell, compare, pii_cell, pii_test_line
+from benchmarks.attack_wire import traffic_line
+from benchmarks.attacks_depth_changes import changes_section
 
 SEED_BEST_DEEP = 0.348  # the seed's MLP after layer 7 of Mistral-7B
 LEARNED = ("linear-probe", "linear-embed", "mlp", "seq-decoder")
@@ -69,9 +72,26 @@ def _targets(rows: list[dict], heads: list[str]) -> list[str]:
     return out
 
 
+def _seeds_section(all_rows: list[dict], first: int, boundaries: list[str]) -> list[str]:
+    spread = seed_spread(all_rows, first)
+    if not spread:
+        return []
+    seeds = sorted({r.get("train_seed", first) for r in all_rows})
+    lines = [[a, b, f"{100 * v['mean']:.1f}", f"{100 * v['sd']:.1f}", f"{100 * v['min']:.1f} - {100 * v['max']:.1f}",
+              ", ".join(f"{100 * x:.1f}" for x in v["values"])]
+             for b in boundaries for (a, bb), v in spread.items() if bb == b]
+    return ["## Attacker training variance (top-1 %, user text)", "",
+            f"Every learned attacker fitted {len(seeds)} times (training seeds {', '.join(map(str, seeds))}) on the "
+            f"same data; the tables above show seed {first} with its bootstrap interval over documents, which does "
+            "not include this variance.", "",
+            _table(["attack", "boundary", "mean", "sd", "min - max", "per seed"], lines), ""]
+
+
 def markdown(study: dict[str, Any]) -> str:
     """The study as Markdown: sizes, targets, accuracy per depth, seed protocol, output side, PII, depth-id."""
-    cfg, rows = study["config"], study["rows"]
+    cfg, all_rows = study["config"], study["rows"]
+    first = cfg.get("train_seeds", [cfg["seed"]])[0]
+    rows = [r for r in all_rows if r.get("train_seed", first) == first]  # the tables: the first training seed
     heads = [f"head:{a}" for a in cfg["head_depths"]]
     tails = [f"tail:{b}" for b in cfg["tail_layers"]]
     head_attacks = [a for a in dict.fromkeys(r["attack"] for r in rows) if any(
@@ -88,12 +108,17 @@ def markdown(study: dict[str, Any]) -> str:
          f"{cfg['vocab_match_tokens'] // 4} tokens of 4 test sequences per corpus"
          + (f" (PII corpora: 2 of them cut at {cfg['vocab_match_pii_tokens']} tokens instead, to cover PII spans)"
             if cfg.get("vocab_match_pii_tokens") else "")
-         + f". Hyper-parameter overrides: {cfg['hparams']}. Seed {cfg['seed']}, "
+         + (f"; the PII test split sized for >= {cfg['min_pii_spans']} scored spans of every type"
+            if cfg.get("min_pii_spans") else "")
+         + f". Hyper-parameter overrides: {cfg['hparams']}. Data seed {cfg['seed']}, training seeds "
+         f"{', '.join(map(str, cfg.get('train_seeds', [cfg['seed']])))}, "
          f"{cfg['threads']} torch thread(s), device {cfg['device']}. "
          f"Extraction {study['timing']['extract_seconds']} s, "
          f"this run {study['timing']['total_seconds']} s"
          + (f" (it resumed {study['timing']['resumed_jobs']} jobs from its partial file, "
             "whose fit and invert times are in the last table)" if study["timing"].get("resumed_jobs") else "")
+         + f"; git {study.get('git', {}).get('hash', '?')}"
+         f"{' (dirty tree)' if study.get('git', {}).get('dirty') else ''}"
          + ". Teacher-forced fp16 states of held-out documents "
          "(document-level splits, corpora de-duplicated by normalised text); values are % of tokens.", "",
          SCOPE, "",
@@ -102,6 +127,7 @@ def markdown(study: dict[str, Any]) -> str:
          "weights. Every victim in this study runs the published weights, so no result is shadow (shadow needs a "
          "victim whose local layers were changed privately).", "", "## Targets", ""]
     s += _targets(rows, heads) + [""]
+    s += changes_section(rows, cfg)
     base = next((r["metrics"] for r in rows if r["boundary"] == heads[0] and r["attack"] != "vocab-match"), {})
     if base:
         s += [f"Pooled test set: {baseline_line(base)}", ""]
@@ -124,6 +150,8 @@ def markdown(study: dict[str, Any]) -> str:
                  "speculative drafts included; learned attackers trained on teacher-forced taps)"
                  if "wire" in scored else "") + ".", "",
               _grid(rows, tails, "token_acc_top1", tail_attacks), ""]
+        wire = traffic_line(rows)
+        s += [wire, ""] if wire else []
     if tails and tail_input:
         s += ["## Input side read from the states the body returns: token accuracy @1", "",
               "output-probe:current guesses the token the body received at each position from the state it "
@@ -153,6 +181,8 @@ def markdown(study: dict[str, Any]) -> str:
     pii = sorted({k[len("pii_recovery_"):] for r in rows for k in r["metrics"] if k.startswith("pii_recovery_")})
     if pii:
         s += ["## PII spans recovered character-exactly (% of spans [95% CI], n spans, pooled test set)", ""]
+        sizing = pii_test_line(cfg.get("pii_test"))
+        s += [sizing, ""] if sizing else []
         for a in head_attacks + tail_attacks + tail_input:
             bs = [b for b in heads + tails if any(r["attack"] == a and r["boundary"] == b for r in rows)]
             by = {r["boundary"]: r for r in rows if r["attack"] == a}
@@ -173,6 +203,8 @@ def markdown(study: dict[str, Any]) -> str:
         s += ["## Per corpus at head:8 (top-1 %, every token: chat-template tokens included)", "",
               _table(["attack"] + names, [[r["attack"]] + [f"{100 * r['per_corpus_top1'][c]:.1f}" for c in names]
                                           for r in corp]), ""]
-    timing = [[r["attack"], r["boundary"], f"{r['fit_seconds']:.1f}", f"{r['invert_seconds']:.1f}"] for r in rows]
-    s += ["## Time (s)", "", _table(["attack", "boundary", "fit", "invert"], timing), ""]
+    s += _seeds_section(all_rows, first, heads + tails)
+    timing = [[r["attack"], r["boundary"], str(r.get("train_seed", first)), f"{r['fit_seconds']:.1f}",
+               f"{r['invert_seconds']:.1f}"] for r in all_rows]
+    s += ["## Time (s)", "", _table(["attack", "boundary", "seed", "fit", "invert"], timing), ""]
     return "\n".join(s)

@@ -104,7 +104,8 @@ def _rtt_section(model: dict) -> list[str]:
 
 
 def _attack_section(att: dict) -> list[str]:
-    from benchmarks.attack_tables import SCOPE, baseline_line, metrics_cells, metrics_header, pii_cell
+    from benchmarks.attack_tables import SCOPE, baseline_line, metrics_cells, metrics_header, pii_cell, pii_test_line
+    from benchmarks.attack_wire import traffic_line
 
     rows = att.get("rows", [])
     head = ["side", "depth", "attack", "threat model", "corpus"] + metrics_header() + ["s/token"]
@@ -119,6 +120,7 @@ def _attack_section(att: dict) -> list[str]:
                   None)
     if pooled:
         lines += ["", baseline_line(pooled)]
+    lines += [x for line in (traffic_line(rows), pii_test_line(att.get("pii_test"))) if line for x in ("", line)]
     pii = [r for r in rows if r["corpus"] == "all" and any(k.startswith("pii_recovery_") for k in r["metrics"])]
     if pii:
         types = sorted({k[len("pii_recovery_"):] for r in pii for k in r["metrics"] if k.startswith("pii_recovery_")})

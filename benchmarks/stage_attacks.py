@@ -19,6 +19,7 @@ import time
 
 from attacks.registry import get_attack_class
 from benchmarks.attack_grid import ALIASES, GridConfig, Victim, depth_rows, extract, plan, run_job
+from benchmarks.attack_wire import record_traffic
 from benchmarks.schema import add_metric, metric
 from splitinfer.models import LoadedModel
 
@@ -67,6 +68,7 @@ def stage_attacks(loaded: LoadedModel, cfg: dict, results: dict) -> dict:
         rows += job_rows
         run = f"attacks/{job.name}/{job.boundary}"
         _record(results, run, job_rows[0]["metrics"])
+        record_traffic(results, run, job_rows[0]["info"])
         if "seed_split_top1" in job_rows[0]["info"]:  # the seed's own number: random token-level split
             add_metric(results, run, "seed_split_top1", metric(
                 job_rows[0]["info"]["seed_split_top1"], n=job_rows[0]["info"].get("seed_test_pairs"), kind="info"))
@@ -84,7 +86,7 @@ def stage_attacks(loaded: LoadedModel, cfg: dict, results: dict) -> dict:
     plot_pii = [{**r, "title": f"PII spans recovered exactly, {r['boundary']}"} for r in pii_rows
                 if r["depth"] == deepest and r["boundary"].startswith("head")]
     return {"rows": rows, "pii_rows": plot_pii, "pii_all": pii_rows, "baselines": baselines, "predictions": preds,
-            "extract_seconds": extract_s,
+            "extract_seconds": extract_s, "pii_test": data.pii,
             "note": (f"Teacher-forced states of held-out test documents; attackers trained on "
                      f"{cfg.get('train_tokens', 20000)} training tokens of {', '.join(grid.corpora)} "
                      f"(document-level splits); prefix-scored attackers (vocab-match) on sequence prefixes: "

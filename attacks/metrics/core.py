@@ -270,7 +270,7 @@ def pii_recovery_per_doc(
             tot[i] += 1
             rec[i] += int(hit)
     if skipped:
-        logger.warning("%d PII span(s) lie outside the tokenized text and were not scored", skipped)
+        logger.debug("%d PII span(s) lie outside the tokenized text and were not scored", skipped)
     return counts
 
 

@@ -29,7 +29,7 @@ def test_study_on_tiny_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     path.write_text("\n".join(json.dumps(d) for d in docs), encoding="utf-8")
     cfg = StudyConfig(model="tiny-random", head_depths=(1, 2), tail_layers=(2,), corpora=(f"file:{path}",),
                       train_tokens=1500, val_tokens=200, test_tokens=300, max_length=32, vocab_match_tokens=40,
-                      wire_tokens=24, hparams=TINY, n_boot=50)
+                      wire_tokens=24, hparams=TINY, train_seeds=(0,), min_pii_spans=0, n_boot=50)
     study = run_study(cfg, progress=False)
     names = {(r["attack"], r["boundary"]) for r in study["rows"]}
     for a in ("linear-probe", "linear-embed", "mlp", "mlp-seed", "seq-decoder", "vocab-match"):
@@ -68,7 +68,7 @@ def test_study_resumes_finished_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyP
                               for i in range(30)), encoding="utf-8")
     cfg = StudyConfig(model="tiny-random", head_depths=(1,), tail_layers=(), corpora=(f"file:{path}",),
                       train_tokens=600, val_tokens=100, test_tokens=200, max_length=32,
-                      attacks=("linear-probe", "linear-embed"), hparams=TINY, n_boot=20)
+                      attacks=("linear-probe", "linear-embed"), hparams=TINY, train_seeds=(0,), n_boot=20)
     partial = tmp_path / "partial.jsonl"
     first = run_study(cfg, progress=False, partial=partial)
     assert len(partial.read_text().splitlines()) == 2
@@ -92,7 +92,7 @@ def test_vocab_match_only_at_chosen_depths(tmp_path: Path, monkeypatch: pytest.M
                               for i in range(30)), encoding="utf-8")
     cfg = StudyConfig(model="tiny-random", head_depths=(1, 2), tail_layers=(), corpora=(f"file:{path}",),
                       train_tokens=600, val_tokens=100, test_tokens=200, max_length=32, vocab_match_tokens=16,
-                      vocab_match_depths=(2,), attacks=("linear-embed", "vocab-match"), hparams=TINY, n_boot=20)
+                      vocab_match_depths=(2,), attacks=("linear-embed", "vocab-match"), hparams=TINY, train_seeds=(0,), n_boot=20)
     study = run_study(cfg, progress=False)
     assert sorted((r["attack"], r["boundary"]) for r in study["rows"]) == [
         ("linear-embed", "head:1"), ("linear-embed", "head:2"), ("vocab-match", "head:2")]
@@ -114,7 +114,7 @@ def test_vocab_match_tries_the_linear_probe_first(tmp_path: Path, monkeypatch: p
                               for i in range(30)), encoding="utf-8")
     cfg = StudyConfig(model="tiny-random", head_depths=(1,), tail_layers=(), corpora=(f"file:{path}",),
                       train_tokens=600, val_tokens=100, test_tokens=200, max_length=32, vocab_match_tokens=16,
-                      attacks=("vocab-match",), hparams=TINY, n_boot=20)
+                      attacks=("vocab-match",), hparams=TINY, train_seeds=(0,), n_boot=20)
     given = []
     real = VocabMatch.set_proposer
     monkeypatch.setattr(VocabMatch, "set_proposer", lambda self, atk: given.append(atk) or real(self, atk))
