@@ -147,18 +147,6 @@ def write_report(results: dict, out_dir: str | Path) -> Path:
     att = data.get("attacks") or {}
     attack_rows = att.get("rows", [])
 
-    points = []
-    for r in attack_rows:
-        if r["side"] != "head" or r["corpus"] != "all":
-            continue
-        best = _strongest(attack_rows, r["depth"], r["threat_model"])
-        s = _speed_at(data, r["depth"], "sequential")
-        if best is r and s is not None:
-            m = r["metrics"]["token_acc_top1"]
-            points.append({"threat_model": r["threat_model"], "head_layers": r["depth"],
-                           "tok_s_modelled": s["tok_s_modelled"], "tok_s_measured": s["tok_s_measured"],
-                           "recovery": m["value"], "ci_low": m["ci_low"], "ci_high": m["ci_high"]})
-    figs.append(("Privacy vs speed", plots.plot_tradeoff(points, out / "tradeoff.png")))
     for side, title in (("head", "Prompt recovery from the states the cloud receives"),
                         ("tail", "Output recovery from the states the cloud returns")):
         rows = [{"attack": r["attack"], "depth": r["depth"], **r["metrics"]["token_acc_top1"]}
