@@ -137,6 +137,15 @@ def stage_time_section(data: dict) -> list[str]:
     return ["## Stage times", "", "| stage | wall s | budget s |", "|---|---:|---:|", *rows, ""] if rows else []
 
 
+def _shards(results: dict) -> str:
+    """How the run was cut (bench run --shard / bench merge), for the header line."""
+    if results.get("merged_shards"):
+        return f" (processor time summed over {results['merged_shards']} merged shards)"
+    if results.get("shard"):
+        return f"; shard {results['shard']['index']}/{results['shard']['count']} only (join with bench merge)"
+    return ""
+
+
 def write_report(results: dict, out_dir: str | Path) -> Path:
     """Write report.md and the PNG plots next to results.json; return the report's path."""
     out = Path(out_dir)
@@ -181,7 +190,7 @@ def write_report(results: dict, out_dir: str | Path) -> Path:
              f"Model `{cfg['model']}` (sha256 `{cfg['model_sha256'][:16]}`, {cfg['num_layers']} layers, "
              f"d={cfg['hidden_size']}), seed {cfg['seed']}, git `{results['git_hash'][:12]}`"
              f"{' (dirty)' if results.get('git_dirty') else ''}, {results['date']}, "
-             f"{data.get('total_seconds', 0):.0f} s.", "", "## Summary", ""]
+             f"{data.get('total_seconds', 0):.0f} s{_shards(results)}.", "", "## Summary", ""]
     lines += summary_table(data) + [""]
     if "exactness" in data:
         lines += _exactness_section(data["exactness"])

@@ -99,6 +99,10 @@ class LoraPrivate(Defense):
         if self.rank < 1 or self.steps < 0:
             raise DefenseError("lora-private: need rank >= 1 and steps >= 0; e.g. --defense-option lora-private.rank=8")
 
+    def describe(self) -> str:
+        """The public label: the adapter's location is part of the secret."""
+        return self.label(public=True)
+
     def apply_head(self, head: torch.nn.Module) -> None:
         """Replace ``head.layers`` by private copies with the adapter merged."""
         from safetensors.torch import load_file
