@@ -1,4 +1,4 @@
-"""``splitinfer bench ...``: suites (``run``, ``merge``, ``report``, ``ls``, ``validate``, ``regress``), single benchmarks.
+"""``splitinfer bench ...``: suites (``run``, ``merge``, ``report``, ``ls``, ``validate``, ``regress``) and benchmarks.
 
 Every single benchmark writes with ``--out`` the versioned results document of
 :mod:`benchmarks.bench_output`, which ``bench regress`` reads like a suite's results.json.

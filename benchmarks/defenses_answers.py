@@ -57,10 +57,10 @@ def answer_a(rows: list[dict]) -> str:
 def answer_b(random_split: list[dict]) -> str:
     if not random_split:
         return NOT_MEASURED
-    return "; ".join(f"`{r['defense']}` ({r['threat_model']}): " +
-                     ("yes" if r["sequence_acc"] > 2 * r["chance"] else "not reliably") +
-                     f", depth-id names the session's depth for {_pct(r['sequence_acc'])} of {r['sequences']} sessions "
-                     f"(chance {_pct(r['chance'])}; {_pct(r['token_acc'])} of single states)" for r in random_split) + "."
+    return "; ".join(
+        f"`{r['defense']}` ({r['threat_model']}): " + ("yes" if r["sequence_acc"] > 2 * r["chance"] else "not reliably")
+        + f", depth-id names the session's depth for {_pct(r['sequence_acc'])} of {r['sequences']} sessions "
+        f"(chance {_pct(r['chance'])}; {_pct(r['token_acc'])} of single states)" for r in random_split) + "."
 
 
 def answer_c(rows: list[dict]) -> str:

@@ -24,6 +24,8 @@ from splitinfer.defenses.lora_private import train_adapter
 
 log = logging.getLogger(__name__)
 
+MAX_DOCS = 256  # validation documents per corpus the victim's adapter is trained on
+
 
 def public_label(pipe: DefensePipeline) -> str:
     """The row's label: the canonical one, without the adapter's path when a private adapter is part of it."""
@@ -36,7 +38,8 @@ def with_trained_adapter(loaded, pipe: DefensePipeline, depth: int, corpora: lis
     item = pipe.get("lora-private")
     if item is None or item.adapter:
         return pipe
-    texts = [t for c in corpora for t in load_corpus(c, "val", seed=seed, tokenizer=loaded.tokenizer)["text"]]
+    texts = [t for c in corpora
+             for t in load_corpus(c, "val", seed=seed, max_docs=MAX_DOCS, tokenizer=loaded.tokenizer)["text"]]
     out = Path(workdir) / f"head{depth}-r{item.rank}-s{item.steps}"
     log.info("lora-private: training the victim's adapter at head %d (rank %d, %d steps)", depth, item.rank,
              item.steps)

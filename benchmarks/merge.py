@@ -2,7 +2,8 @@
 
 Each shard directory holds the ``results.json`` of ``bench run --shard I/N``
 (:mod:`benchmarks.shard`) and its per-token predictions. The shards must be
-one run: the same suite, config (model and its sha256, seed, stage tables),
+one run: the same suite, config (model and its sha256, seed, stage tables; the
+torch thread count may differ),
 commit and schema, shard count N, and every index 0..N-1 exactly once;
 anything else is a one-line error naming the difference. The merged document
 is what one unsharded run writes (the same runs and metrics; rows of the grid
@@ -20,7 +21,7 @@ from pathlib import Path
 from benchmarks.schema import SchemaError, load, save
 from benchmarks.stages import STAGES
 
-_TIMINGS = ("stage_seconds", "stage_budget_s", "total_seconds")
+_PER_MACHINE = ("torch_threads",)  # config keys shards on different machines may differ in
 
 
 def _shard_path(arg: str | Path) -> Path:
@@ -54,7 +55,8 @@ def check_shards(docs: list[tuple[Path, dict]]) -> int:
             if d[key] != d0[key]:
                 raise SchemaError(f"{path}: {key} {d[key]!r} differs from {d0[key]!r} in {p0}; merge the shards "
                                   "of one run (same suite, commit and seed)")
-        diff = _why_differ(d0["config"], d["config"], "config")
+        diff = _why_differ({k: v for k, v in d0["config"].items() if k not in _PER_MACHINE},
+                           {k: v for k, v in d["config"].items() if k not in _PER_MACHINE}, "config")
         if diff:
             raise SchemaError(f"{path}: {diff} differs from {p0}; merge the shards of one run (same suite, model, "
                               "seed and stage tables)")

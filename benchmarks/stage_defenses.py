@@ -352,8 +352,8 @@ def defenses_section(data: dict, out) -> list[str]:
              "Recovery: the best attacker's top-1 on the victim's defended held-out states (95% CI over "
              "documents); attackers know the mechanism and its public parameters, not its draws or secret weights. "
              "Utility against the undefended model; cost measured under the defense (tok/s modelled at 80 ms, "
-             "100 Mbit/s). vocab-match-adaptive is scored on sequence prefixes of the test documents, learned attackers "
-             "on every test token (n = user-text tokens scored).", "", SCOPE, "",
+             "100 Mbit/s). vocab-match-adaptive is scored on sequence prefixes of the test documents, learned "
+             "attackers on every test token (n = user-text tokens scored).", "", SCOPE, "",
              "| depth | defense | best attacker (threat model) | recovery top-1 [CI] | lift over strongest baseline | "
              "template top-1 | next-token agreement | perplexity (undefended) | greedy identity | bytes/step | "
              "tau combined | tok/s @80 ms |",
