@@ -69,7 +69,7 @@ def train_adapter(loaded, depth: int, texts: Sequence[str], out: str | Path, *, 
         opt.zero_grad()
         loss.backward()
         opt.step()
-        last = float(loss)
+        last = float(loss.detach())
         if step % 20 == 0:
             log.info("lora-private step %d: loss %.4f (kl %.4f)", step, last, float(kl))
     out = Path(out)
