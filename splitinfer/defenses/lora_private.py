@@ -71,7 +71,7 @@ def train_adapter(loaded, depth: int, texts: Sequence[str], out: str | Path, *, 
         opt.step()
         last = float(loss.detach())
         if step % 20 == 0:
-            log.info("lora-private step %d: loss %.4f (kl %.4f)", step, last, float(kl))
+            log.info("lora-private step %d: loss %.4f (kl %.4f)", step, last, float(kl.detach()))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     save_file({n: p.detach().contiguous() for n, p in holder.named_parameters() if "lora_" in n},
