@@ -1,4 +1,4 @@
-"""``splitinfer bench ...``: suites (``run``, ``report``, ``ls``, ``validate``, ``regress``) and single benchmarks.
+"""``splitinfer bench ...``: suites (``run``, ``merge``, ``report``, ``ls``, ``validate``, ``regress``) and benchmarks.
 
 Every single benchmark writes with ``--out`` the versioned results document of
 :mod:`benchmarks.bench_output`, which ``bench regress`` reads like a suite's results.json.
@@ -72,11 +72,14 @@ def cmd_extract(args) -> int:
 
 def cmd_run(args) -> int:
     from benchmarks.run import run_suite
+    from benchmarks.shard import Shard
     from benchmarks.suite import load_suite
 
     suite = load_suite(args.suite)
-    out = args.out or f"reports/{suite.name}"
-    path = run_suite(suite, out, stages=[s for s in args.stages.split(",") if s] if args.stages else None)
+    shard = Shard.parse(args.shard) if args.shard else Shard()
+    out = args.out or (f"reports/{suite.name}" if shard.whole else f"reports/{suite.name}/shard-{shard.index}")
+    path = run_suite(suite, out, stages=[s for s in args.stages.split(",") if s] if args.stages else None,
+                     shard=shard)
     print(f"results written to {path}")
     print(f"report written to {Path(out) / 'report.md'}")
     return 0
@@ -140,6 +143,7 @@ def register(sub) -> None:
     from benchmarks import regress
     from benchmarks.attacks_depth_cli import register as register_attacks_depth
     from benchmarks.decoding_cli import register as register_decoding
+    from benchmarks.merge import register as register_merge
     from benchmarks.transport_cli import register as register_transport
 
     bench = sub.add_parser("bench", help="benchmarks: suites, single benchmarks, regress")
@@ -168,7 +172,11 @@ def register(sub) -> None:
     r.add_argument("--suite", default="quick")
     r.add_argument("--out", default=None, help="output directory (default reports/SUITE)")
     r.add_argument("--stages", default=None, help="comma-separated subset of the suite's stages")
+    r.add_argument("--shard", default=None, metavar="I/N",
+                   help="run every N-th grid cell (job) of the attacks and defenses stages, starting at I; the other "
+                        "stages run in shard 0 only; join the shards with bench merge (default: the whole run)")
     r.set_defaults(func=cmd_run)
+    register_merge(bsub)
     p = bsub.add_parser("report", help="rebuild report.md and plots from a results.json")
     p.add_argument("--results", required=True)
     p.add_argument("--out", default=None, help="directory (default: next to results.json)")

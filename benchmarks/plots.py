@@ -25,33 +25,6 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def plot_tradeoff(points: list[dict], out: Path) -> Path | None:
-    """x = tok/s at 80 ms RTT (modelled; measured marked), y = recovery of the strongest attacker per threat model.
-
-    ``points``: {threat_model, head_layers, tok_s_modelled, tok_s_measured, recovery, ci_low, ci_high}.
-    """
-    if not points:
-        return None
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for tm in sorted({p["threat_model"] for p in points}):
-        ps = sorted((p for p in points if p["threat_model"] == tm), key=lambda p: p["head_layers"])
-        xs, ys = [p["tok_s_modelled"] for p in ps], [100 * p["recovery"] for p in ps]
-        err = [[100 * (p["recovery"] - p["ci_low"]) for p in ps], [100 * (p["ci_high"] - p["recovery"]) for p in ps]]
-        line = ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=f"{tm} attacker (modelled tok/s)")
-        ax.scatter([p["tok_s_measured"] for p in ps], ys, marker="x", s=60, color=line[0].get_color(),
-                   label=f"{tm} (measured tok/s)")
-        for i, (p, x, y) in enumerate(zip(ps, xs, ys)):  # staggered: depths often sit at nearly the same speed
-            ax.annotate(f"{p['head_layers']} local", (x, y), textcoords="offset points",
-                        xytext=(6, (6, -12, 16, -22)[i % 4]), fontsize=8, arrowprops={"arrowstyle": "-", "lw": 0.5})
-    ax.set_xlabel("generation speed at 80 ms RTT (tokens/s)")
-    ax.set_ylabel("prompt tokens recovered, top-1 (%)")
-    ax.set_ylim(-2, 102)
-    ax.set_title("Privacy vs speed: one point per head split depth")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    return _save(fig, out)
-
-
 def plot_recovery_vs_depth(rows: list[dict], baselines: dict, out: Path, title: str) -> Path | None:
     """Top-1 recovery (with 95% CI) per attacker against split depth, with uniform and unigram baselines.
 

@@ -139,6 +139,15 @@ def stage_time_section(data: dict) -> list[str]:
     return ["## Stage times", "", "| stage | wall s | budget s |", "|---|---:|---:|", *rows, ""] if rows else []
 
 
+def _shards(results: dict) -> str:
+    """How the run was cut (bench run --shard / bench merge), for the header line."""
+    if results.get("merged_shards"):
+        return f" (processor time summed over {results['merged_shards']} merged shards)"
+    if results.get("shard"):
+        return f"; shard {results['shard']['index']}/{results['shard']['count']} only (join with bench merge)"
+    return ""
+
+
 def write_report(results: dict, out_dir: str | Path) -> Path:
     """Write report.md and the PNG plots next to results.json; return the report's path."""
     out = Path(out_dir)
@@ -149,18 +158,6 @@ def write_report(results: dict, out_dir: str | Path) -> Path:
     att = data.get("attacks") or {}
     attack_rows = att.get("rows", [])
 
-    points = []
-    for r in attack_rows:
-        if r["side"] != "head" or r["corpus"] != "all":
-            continue
-        best = _strongest(attack_rows, r["depth"], r["threat_model"])
-        s = _speed_at(data, r["depth"], "sequential")
-        if best is r and s is not None:
-            m = r["metrics"]["token_acc_top1"]
-            points.append({"threat_model": r["threat_model"], "head_layers": r["depth"],
-                           "tok_s_modelled": s["tok_s_modelled"], "tok_s_measured": s["tok_s_measured"],
-                           "recovery": m["value"], "ci_low": m["ci_low"], "ci_high": m["ci_high"]})
-    figs.append(("Privacy vs speed", plots.plot_tradeoff(points, out / "tradeoff.png")))
     for side, title in (("head", "Prompt recovery from the states the cloud receives"),
                         ("tail", "Output recovery from the states the cloud returns")):
         rows = [{"attack": r["attack"], "depth": r["depth"], **r["metrics"]["token_acc_top1"]}
@@ -195,7 +192,7 @@ def write_report(results: dict, out_dir: str | Path) -> Path:
              f"Model `{cfg['model']}` (sha256 `{cfg['model_sha256'][:16]}`, {cfg['num_layers']} layers, "
              f"d={cfg['hidden_size']}), seed {cfg['seed']}, git `{results['git_hash'][:12]}`"
              f"{' (dirty)' if results.get('git_dirty') else ''}, {results['date']}, "
-             f"{data.get('total_seconds', 0):.0f} s.", "", "## Summary", ""]
+             f"{data.get('total_seconds', 0):.0f} s{_shards(results)}.", "", "## Summary", ""]
     lines += summary_table(data) + [""]
     if "exactness" in data:
         lines += _exactness_section(data["exactness"])

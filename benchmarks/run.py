@@ -9,6 +9,10 @@ and writes the report and plots (:mod:`benchmarks.report`).
 Each stage's wall time is printed next to its budget (the table's ``budget_s``)
 and recorded: ``data["stage_seconds"]``, ``data["stage_budget_s"]`` and the
 ``info`` metrics ``wall_s`` / ``budget_s`` of run ``harness/stage=NAME``.
+
+With ``shard`` (``bench run --shard I/N``, :mod:`benchmarks.shard`) the
+document records its shard, the shardable stages run every N-th grid cell
+and the others run in shard 0 only; ``bench merge`` joins the shards.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch
 
 from attacks.predictions import write_all
 from benchmarks.schema import add_metric, metric, new_results, save
+from benchmarks.shard import Shard
 from benchmarks.stages import STAGES
 from benchmarks.suite import Suite
 from splitinfer.errors import SplitInferError
@@ -55,8 +60,8 @@ def record_stage_time(results: dict, data: dict, name: str, wall_s: float, budge
     add_metric(results, run, "budget_s", metric(budget_s, higher_is_better=False, kind="info", unit="s"))
 
 
-def run_suite(suite: Suite, out_dir: str | Path, stages: list[str] | None = None) -> Path:
-    """Run ``suite`` (optionally only some ``stages``) and write everything under ``out_dir``."""
+def run_suite(suite: Suite, out_dir: str | Path, stages: list[str] | None = None, shard: Shard = Shard()) -> Path:
+    """Run ``suite`` (optionally only some ``stages``, or one ``shard``) and write everything under ``out_dir``."""
     if stages is not None:
         unknown = sorted(set(stages) - set(suite.stages))
         if unknown:
@@ -81,8 +86,11 @@ def run_suite(suite: Suite, out_dir: str | Path, stages: list[str] | None = None
         "stages": suite.stages,
     }
     results = new_results(config, suite.name)
+    if not shard.whole:
+        results["shard"] = shard.record()
     data: dict = {}
-    todo = [s for s in STAGES if s in suite.stages and (stages is None or s in stages)]
+    todo = [s for s in STAGES if s in suite.stages and (stages is None or s in stages)
+            and (shard.first or STAGES[s].shardable)]
     for name in todo:
         t = time.perf_counter()
         log.info("stage %s", name)

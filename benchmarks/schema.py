@@ -28,6 +28,10 @@ A results document looks like::
 * ``"info"``: reported, never compared; value may be a number, bool, string
   or null.
 
+A shard of a run (``bench run --shard I/N``) carries ``"shard": {"index": I,
+"count": N}``; a document merged from N shards (``bench merge``) carries
+``"merged_shards": N``.
+
 Extra top-level keys are allowed (forward compatible); metric entries may only
 hold the keys above plus an optional ``unit`` string.
 """
@@ -64,7 +68,7 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1  # major: bumped when a key, run or metric is renamed or removed (migration in regress)
-SCHEMA_MINOR = 1  # minor: bumped when keys, runs or metrics are added
+SCHEMA_MINOR = 2  # minor: bumped when keys, runs or metrics are added (2: "shard", "merged_shards")
 KINDS = ("exact", "accuracy", "efficiency", "info")
 _VERSIONED_PACKAGES = ("torch", "transformers", "numpy", "splitinfer")
 _METRIC_REQUIRED = ("value", "ci_low", "ci_high", "n", "higher_is_better", "kind")

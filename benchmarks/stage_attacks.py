@@ -10,6 +10,11 @@ corpus, with PII recovery by type. Prefix-scored attackers (``vocab-match``)
 take ``scored_tokens`` per corpus plus ``pii_tokens`` of two PII sequences
 from their options; output-side attackers are scored on ``wire_tokens``
 generated tokens per corpus of real split generation.
+
+Under ``bench run --shard I/N`` (:mod:`benchmarks.shard`) the stage runs the
+(attacker, boundary) jobs of :func:`plan` numbered ``j % N == I`` (rows carry
+``job = j``) and the depth identifiers in shard 0 only; :func:`derived` makes
+the report's PII rows and baselines from the rows, here and after a merge.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from attacks.registry import get_attack_class
 from benchmarks.attack_grid import ALIASES, GridConfig, Victim, depth_rows, extract, plan, run_job
 from benchmarks.attack_wire import record_traffic
 from benchmarks.schema import add_metric, metric
+from benchmarks.shard import Shard
 from splitinfer.models import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -56,25 +62,8 @@ def _record(results: dict, run: str, metrics: dict) -> None:
                                                   m["higher_is_better"], kind=m["kind"]))
 
 
-def stage_attacks(loaded: LoadedModel, cfg: dict, results: dict) -> dict:
-    """Fit and score the suite's attacks at every boundary; returns rows for the report."""
-    grid = grid_config(cfg, results["config"]["seed"])
-    t0 = time.perf_counter()
-    data = extract(loaded, grid)
-    extract_s = time.perf_counter() - t0
-    rows, fitted, preds = [], {}, {}
-    for job in plan(grid, data.depth_of):
-        job_rows = run_job(loaded, grid, data, job, fitted, preds)
-        rows += job_rows
-        run = f"attacks/{job.name}/{job.boundary}"
-        _record(results, run, job_rows[0]["metrics"])
-        record_traffic(results, run, job_rows[0]["info"])
-        if "seed_split_top1" in job_rows[0]["info"]:  # the seed's own number: random token-level split
-            add_metric(results, run, "seed_split_top1", metric(
-                job_rows[0]["info"]["seed_split_top1"], n=job_rows[0]["info"].get("seed_test_pairs"), kind="info"))
-    for r in depth_rows(loaded, grid, data):
-        run = f"attacks/{r['attack']}-{r['classifier']}/{r['boundary']}"
-        add_metric(results, run, "depth_sequence_acc", metric(r["sequence_acc"], n=r["sequences"], kind="info"))
+def derived(rows: list[dict]) -> dict:
+    """The report's PII rows (deepest head boundary; all) and the baselines of the first pooled row, from rows."""
     pii_rows = [{"attack": r["attack"], "boundary": r["boundary"], "depth": r["depth"],
                  "type": t[len("pii_recovery_"):], "value": v["value"], "n": v["n"]}
                 for r in rows if r["corpus"] == "all" for t, v in r["metrics"].items() if t.startswith("pii_recovery_")]
@@ -85,8 +74,33 @@ def stage_attacks(loaded: LoadedModel, cfg: dict, results: dict) -> dict:
     deepest = max((r["depth"] for r in pii_rows if r["boundary"].startswith("head")), default=None)
     plot_pii = [{**r, "title": f"PII spans recovered exactly, {r['boundary']}"} for r in pii_rows
                 if r["depth"] == deepest and r["boundary"].startswith("head")]
-    return {"rows": rows, "pii_rows": plot_pii, "pii_all": pii_rows, "baselines": baselines, "predictions": preds,
-            "extract_seconds": extract_s, "pii_test": data.pii,
+    return {"pii_rows": plot_pii, "pii_all": pii_rows, "baselines": baselines}
+
+
+def stage_attacks(loaded: LoadedModel, cfg: dict, results: dict) -> dict:
+    """Fit and score the suite's attacks at every boundary (this shard's jobs); returns rows for the report."""
+    grid = grid_config(cfg, results["config"]["seed"])
+    shard = Shard.of(results)
+    t0 = time.perf_counter()
+    data = extract(loaded, grid)
+    extract_s = time.perf_counter() - t0
+    rows, fitted, preds = [], {}, {}
+    for j, job in enumerate(plan(grid, data.depth_of)):
+        if not shard.mine(j):
+            continue
+        job_rows = [{**r, "job": j} for r in run_job(loaded, grid, data, job, fitted, preds)]
+        rows += job_rows
+        run = f"attacks/{job.name}/{job.boundary}"
+        _record(results, run, job_rows[0]["metrics"])
+        record_traffic(results, run, job_rows[0]["info"])
+        if "seed_split_top1" in job_rows[0]["info"]:  # the seed's own number: random token-level split
+            add_metric(results, run, "seed_split_top1", metric(
+                job_rows[0]["info"]["seed_split_top1"], n=job_rows[0]["info"].get("seed_test_pairs"), kind="info"))
+    for r in depth_rows(loaded, grid, data) if shard.first else []:
+        run = f"attacks/{r['attack']}-{r['classifier']}/{r['boundary']}"
+        add_metric(results, run, "depth_sequence_acc", metric(r["sequence_acc"], n=r["sequences"], kind="info"))
+    return {"rows": rows, **derived(rows), "predictions": preds, "extract_seconds": extract_s,
+            "pii_test": data.pii,
             "note": (f"Teacher-forced states of held-out test documents; attackers trained on "
                      f"{cfg.get('train_tokens', 20000)} training tokens of {', '.join(grid.corpora)} "
                      f"(document-level splits); prefix-scored attackers (vocab-match) on sequence prefixes: "

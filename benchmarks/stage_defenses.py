@@ -23,12 +23,17 @@ For every head depth and defense spec of the suite it measures, side by side
 A noise spec without ``clip=`` gets the median per-token L2 norm of the public
 model's training states at that depth (positions >= 1), recorded in its label.
 ``overhead`` times the wire defenses alone per step at the model's width.
+
+Under ``bench run --shard I/N`` (:mod:`benchmarks.shard`) the stage runs the
+(depth, spec) configurations numbered ``j % N == I`` in the grid's order (rows
+carry ``job = j``); ``random-split`` rows and the overhead timings run in shard 0.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import tempfile
 import time
 
 import numpy as np
@@ -43,7 +48,10 @@ from attacks.tapdata import Taps
 from attacks.taps import extract_depths
 from benchmarks.prompts import PROMPTS
 from benchmarks.attack_grid import Victim, row_threat_model
+from benchmarks.attack_tables import SCOPE, baseline_line, cell
+from benchmarks.defenses_private import public_label, with_trained_adapter
 from benchmarks.schema import add_metric, metric
+from benchmarks.shard import Shard
 from splitinfer.client import SplitModel
 from splitinfer.defenses import DefensePipeline
 from splitinfer.defenses.base import format_items
@@ -51,7 +59,7 @@ from splitinfer.timing import fit
 
 log = logging.getLogger(__name__)
 
-FAMILY_ORDER = ("none", "noise", "quant", "lora-random", "random-split")
+FAMILY_ORDER = ("none", "noise", "quant", "lora-random", "lora-private", "random-split")
 
 
 def _taps(loaded, cfg: dict, depths: list[int], split: str, per_corpus: int) -> tuple[dict[int, Taps], dict]:
@@ -77,6 +85,15 @@ def _pipeline(spec: str, train: Taps) -> DefensePipeline:
     return pipe
 
 
+def _deployment_pairs(loaded, cfg: dict, pipe: DefensePipeline, depth: int, ks: list[int]) -> dict[int, Taps]:
+    """{k: the first k (state, token) pairs of the deployment}: the victim's defended states of training-split
+    documents (never the test documents), presented as the public model's taps."""
+    n_corp = len(cfg.get("corpora", ["prose"]))
+    got, _ = _taps(victim_model(loaded, pipe, depth), cfg, [depth], "train", -(-max(ks) // n_corp))
+    known = defend_taps(as_public(got[depth], loaded), pipe, session0=1 << 20)  # other sessions than the test's
+    return {k: known.select_tokens(range(min(k, known.n_tokens))) if k else known for k in ks}  # k = 0: unused
+
+
 def _threat(name: str, pipe: DefensePipeline) -> str:
     """The row's label (DESIGN.md section 4): the recipe's, shadow against private local layers, + adaptive."""
     victim = Victim(defense=pipe.label, private_local_layers=bool(pipe.model_items))
@@ -85,7 +102,9 @@ def _threat(name: str, pipe: DefensePipeline) -> str:
 
 
 def _attack(loaded, name: str, opts: dict, pipe: DefensePipeline, train: Taps, test: Taps, rows: dict,
-            seed: int) -> dict:
+            seed: int, pairs: dict[int, Taps] | None = None) -> list[dict]:
+    """The attacker fitted on its own defended public-model pairs and scored on the victim's states; with
+    ``pairs`` ({k: k deployment pairs}) a token classifier is also fine-tuned on each k (``paired``, DESIGN.md 4)."""
     own = attacker_view(pipe)
     hp = dict(opts)
     cls = get_attack_class(name)
@@ -96,10 +115,21 @@ def _attack(loaded, name: str, opts: dict, pipe: DefensePipeline, train: Taps, t
     atk = make_attack(name, model=loaded, seed=seed, **hp)
     t0 = time.perf_counter()
     atk.fit(defend_taps(train, own))
-    inv = atk.invert(target, k=5)
-    m = score(inv, target, vocab_size=int(loaded.config.vocab_size), prior=prior_from_taps(train))
-    return {"attack": name, "threat_model": _threat(name, pipe), "metrics": m, "seconds": time.perf_counter() - t0,
-            "test_tokens": target.n_tokens}
+    vocab, prior = int(loaded.config.vocab_size), prior_from_taps(train)
+    m = score(atk.invert(target, k=5), target, vocab_size=vocab, prior=prior)
+    out = [{"attack": name, "threat_model": _threat(name, pipe), "metrics": m, "seconds": time.perf_counter() - t0,
+            "test_tokens": target.n_tokens}]
+    if pairs and hasattr(atk, "fine_tune"):
+        public = {k: v.clone() for k, v in atk.module.state_dict().items()}
+        for k, known in sorted(pairs.items()):
+            t1 = time.perf_counter()
+            atk.module.load_state_dict(public)
+            used = atk.fine_tune(known) if k else 0
+            m = m if not k else score(atk.invert(target, k=5), target, vocab_size=vocab, prior=prior)
+            out.append({"attack": f"{name}+paired", "k": k, "pairs_used": used, "metrics": m,
+                        "threat_model": f"paired (k={k}), adaptive" if k else out[0]["threat_model"],
+                        "seconds": time.perf_counter() - t1, "test_tokens": target.n_tokens})
+    return out
 
 
 @torch.no_grad()
@@ -211,7 +241,7 @@ def _record(results: dict, run: str, row: dict) -> None:
         add_metric(results, run, key, metric(row[key], higher_is_better=better, kind="info"))
     for a in row["attackers"]:
         m = a["metrics"]["token_acc_top1"]
-        add_metric(results, f"{run}/{a['attack']}", "token_acc_top1",
+        add_metric(results, f"{run}/{a['attack']}" + (f"/k={a['k']}" if "k" in a else ""), "token_acc_top1",
                    metric(m["value"], m["ci_low"], m["ci_high"], m["n"], False, kind="accuracy"))
 
 
@@ -226,10 +256,11 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
     options = {k: dict(v) for k, v in cfg.get("options", {}).items()}
     n_corp = len(cfg.get("corpora", ["prose"]))
     seed = int(results["config"]["seed"])
+    shard = Shard.of(results)
     t0 = time.perf_counter()
     train, _ = _taps(loaded, cfg, depths + extra, "train", int(cfg.get("train_tokens", 4000)) // n_corp)
     clean_test, rows = _taps(loaded, cfg, depths + extra, "test", int(cfg.get("test_tokens", 800)) // n_corp)
-    splits = [_random_split(loaded, s, train, clean_test, seed) for s in split_specs]
+    splits = [_random_split(loaded, s, train, clean_test, seed) for s in split_specs] if shard.first else []
     for r in splits:
         add_metric(results, f"defenses/{r['defense']}", "depth_id_sequence_acc",
                    metric(r["sequence_acc"], n=r["sequences"], higher_is_better=False, kind="accuracy"))
@@ -239,28 +270,39 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
     out_rows, overhead = [], []
     jobs = [(a, s) for s in specs for a in depths]  # spec-major: a time budget drops whole specs, not a depth
     budget = float(cfg.get("time_budget_s", float("inf")))
+    ks = [int(k) for k in cfg.get("paired_k", [])]
+    adapters = tempfile.TemporaryDirectory(prefix="splitinfer-adapters-")  # private adapters are secrets: removed
+    workdir = adapters.name
     skipped = []
-    for a, spec in tqdm(jobs, desc="defenses", unit="config"):
+    for j, (a, spec) in enumerate(tqdm(jobs, desc="defenses", unit="config")):
+        if not shard.mine(j):
+            continue
         if time.perf_counter() - t0 > budget:  # the suite's time budget: report what was left out
             skipped.append(f"head:{a} {spec}")
             continue
+        tj = time.perf_counter()
         pipe = _pipeline(spec, train[a])
         test = clean_test[a]
+        pipe = with_trained_adapter(loaded, pipe, a, cfg.get("corpora", ["prose"]), seed, workdir)
         if pipe.model_items:  # a private head: the victim's states come from its own layers
             test, _ = _taps(victim_model(loaded, pipe, a), cfg, [a], "test",
                             int(cfg.get("test_tokens", 800)) // n_corp)
             test = as_public(test[a], loaded)
         test = defend_taps(test, pipe)
-        tried = [_attack(loaded, n, options.get(n, {}), pipe, train[a], test, rows[a], seed) for n in attackers]
-        best = max(tried, key=lambda r: r["metrics"]["token_acc_top1"]["value"])
-        row = {"depth": a, "defense": pipe.label, "family": pipe.items[0].name if pipe.items else "none",
+        pairs = _deployment_pairs(loaded, cfg, pipe, a, ks) if pipe.model_items and ks else None
+        tried = [x for n in attackers for x in _attack(loaded, n, options.get(n, {}), pipe, train[a], test, rows[a],
+                                                       seed, pairs)]
+        best = max((x for x in tried if "k" not in x), key=lambda r: r["metrics"]["token_acc_top1"]["value"])
+        row = {"job": j, "depth": a, "defense": public_label(pipe),
+               "family": pipe.items[0].name if pipe.items else "none",
                "strength": {d.name: d.strength_value() for d in pipe.items}, "describe": pipe.describe(),
                "attackers": tried, "best": best, **_utility(loaded, a, tail, pipe, seqs),
                **_cost(loaded, a, tail, pipe, cfg, reference)}
-        out_rows.append(row)
-        _record(results, f"defenses/head:{a}/{pipe.label}", row)
+        out_rows.append({**row, "job_seconds": time.perf_counter() - tj})
+        _record(results, f"defenses/head:{a}/{row['defense']}", row)
+    adapters.cleanup()
     d = loaded.hidden_size
-    for spec in cfg.get("overhead", []):
+    for spec in cfg.get("overhead", []) if shard.first else []:
         for tokens in (1, 8):
             overhead.append({"defense": spec, "d": d, "tokens": tokens, "ms": overhead_ms(spec, d, tokens)})
     for o in overhead:
@@ -271,9 +313,13 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
 
 
 def _summary(row: dict) -> dict:
-    """A grid row for the report: attacker metrics cut to top-1."""
+    """A grid row for the report: attacker metrics cut to top-1 (user text), template top-1, baselines and lift."""
     def short(x: dict) -> dict:
-        return {"attack": x["attack"], "threat_model": x["threat_model"], "top1": x["metrics"]["token_acc_top1"],
+        m = x["metrics"]
+        keep = {k: m[k] for k in ("template_token_acc_top1", "lift_token_acc_top1", "baseline_uniform_top1",
+                                  "baseline_unigram_top1", "baseline_position_top1") if k in m}
+        return {"attack": x["attack"], "threat_model": x["threat_model"], "top1": m["token_acc_top1"], **keep,
+                **{k: x[k] for k in ("k", "pairs_used") if k in x},
                 **({"seconds": x["seconds"], "test_tokens": x["test_tokens"]} if "seconds" in x else {})}
 
     return {**{k: v for k, v in row.items() if k not in ("attackers", "best")},
@@ -284,8 +330,21 @@ def _pct(x) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}"
 
 
+def _baseline_lines(rows: list[dict]) -> list[str]:
+    """Per depth, the activation-free baselines (user text) of the undefended row's widest-scored attacker."""
+    out = []
+    for a in sorted({r["depth"] for r in rows}):
+        tried = [x for r in rows if r["depth"] == a and r["defense"] == "none" for x in r["attackers"]
+                 if "baseline_uniform_top1" in x]
+        if tried:
+            x = max(tried, key=lambda x: x["top1"]["n"])
+            out.append(f"- head {a}, on the {x['top1']['n']} tokens {x['attack']} is scored on: " + baseline_line(x))
+    return ["", "Baselines beside the table:", "", *out] if out else []
+
+
 def defenses_section(data: dict, out) -> list[str]:
     """Markdown for the report, and the frontier plots (one per depth) written under ``out``."""
+    from benchmarks.defenses_answers import answers_section
     from benchmarks.plots_defenses import plot_frontier
 
     rows = data.get("rows", [])
@@ -293,18 +352,22 @@ def defenses_section(data: dict, out) -> list[str]:
              "Recovery: the best attacker's top-1 on the victim's defended held-out states (95% CI over "
              "documents); attackers know the mechanism and its public parameters, not its draws or secret weights. "
              "Utility against the undefended model; cost measured under the defense (tok/s modelled at 80 ms, "
-             "100 Mbit/s). vocab-match-adaptive is scored on sequence prefixes of the test documents, learned attackers "
-             "on every test token (n = tokens scored). Template tokens are not separated in this table.", "",
-             "| depth | defense | best attacker (threat model) | recovery top-1 [CI] | next-token agreement | "
-             "perplexity (undefended) | greedy identity | bytes/step | tau combined | tok/s @80 ms |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "100 Mbit/s). vocab-match-adaptive is scored on sequence prefixes of the test documents, learned "
+             "attackers on every test token (n = user-text tokens scored).", "", SCOPE, "",
+             "| depth | defense | best attacker (threat model) | recovery top-1 [CI] | lift over strongest baseline | "
+             "template top-1 | next-token agreement | perplexity (undefended) | greedy identity | bytes/step | "
+             "tau combined | tok/s @80 ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         b = r["best"]["top1"]
         lines.append(f"| {r['depth']} | `{r['defense']}` | {r['best']['attack']} ({r['best']['threat_model']}) | "
                      f"{_pct(b['value'])} [{_pct(b['ci_low'])}, {_pct(b['ci_high'])}] n={b['n']} | "
+                     f"{cell(r['best'].get('lift_token_acc_top1'), signed=True)} | "
+                     f"{cell(r['best'].get('template_token_acc_top1'))} | "
                      f"{_pct(r['next_token_agreement'])} | {r['perplexity']:.2f} ({r['perplexity_undefended']:.2f}) | "
                      f"{_pct(r['greedy_identity'])} | {r['bytes_per_step']:.0f} | {r['tau_combined']:.2f} | "
                      f"{r['modelled_tok_s_80ms']:.2f} |")
+    lines += _baseline_lines(rows)
     if data.get("skipped"):
         lines += ["", f"Left out by the stage's time budget: {', '.join(data['skipped'])}."]
     guarantees = sorted({g for r in rows for g in r["describe"] if "DP per released vector" in g})
@@ -318,6 +381,7 @@ def defenses_section(data: dict, out) -> list[str]:
     if data.get("overhead"):
         lines += ["", "| wire defense | d | tokens/step | ms per step (both directions) |", "|---|---|---|---|"]
         lines += [f"| `{o['defense']}` | {o['d']} | {o['tokens']} | {o['ms']:.3f} |" for o in data["overhead"]]
+    lines += [""] + answers_section(data)
     figs = [(a, plot_frontier([r for r in rows if r["depth"] == a], out / f"defenses_frontier_head{a}.png", a))
             for a in sorted({r["depth"] for r in rows})]
     lines += [""] + [f"![Defense frontier, head depth {a}]({p.name})" for a, p in figs if p is not None] + [""]

@@ -15,6 +15,9 @@ registered here with
 Every table may also set ``budget_s``: the stage's wall-time budget on the machine the
 suite was sized for. The runner prints each stage's time against it and records both.
 
+A stage registered ``shardable`` reads its shard from ``results`` (:class:`benchmarks.shard.Shard`) and runs
+only its share of grid cells under ``bench run --shard I/N``; the others run in shard 0 only.
+
 Adding a stage: write ``benchmarks/stage_<name>.py`` with one entry function, add its
 config class and one :func:`register_stage` call below; order of registration is run order.
 """
@@ -131,6 +134,7 @@ class DefensesConfig(StageConfig):
     decoding_options: dict | None = None
     overhead: list | None = None
     time_budget_s: float | None = None  # enforced: no new configuration starts after it (budget_s is reported only)
+    paired_k: list | None = None  # known-plaintext pairs per paired attacker against privately changed local layers
 
 
 @dataclass(frozen=True)
@@ -149,6 +153,7 @@ class Stage:
     config: type[StageConfig]
     entry: str  # "module:function"
     summary: str
+    shardable: bool = False  # runs every N-th grid cell under --shard I/N (else: shard 0 only; benchmarks.shard)
 
     def function(self) -> Callable[[Any, dict, dict], Any]:
         module, _, name = self.entry.partition(":")
@@ -158,11 +163,11 @@ class Stage:
 STAGES: dict[str, Stage] = {}
 
 
-def register_stage(name: str, config: type[StageConfig], entry: str, summary: str) -> Stage:
+def register_stage(name: str, config: type[StageConfig], entry: str, summary: str, shardable: bool = False) -> Stage:
     """Register stage ``name`` (run after every stage registered before it)."""
     if name in STAGES:
         raise SplitInferError(f"stage {name!r} is registered twice")
-    STAGES[name] = Stage(name, config, entry, summary)
+    STAGES[name] = Stage(name, config, entry, summary, shardable)
     return STAGES[name]
 
 
@@ -181,6 +186,6 @@ register_stage("rtt_model", RttModelConfig, "benchmarks.stage_speed:stage_rtt_mo
 register_stage("ngram_ablation", NgramAblationConfig, "benchmarks.stage_ablation:stage_ngram_ablation",
                "the seed paper's n-gram / lookahead ablation (tau per proposer and category)")
 register_stage("attacks", AttacksConfig, "benchmarks.stage_attacks:stage_attacks",
-               "inversion attackers trained and scored per head/tail depth and corpus")
+               "inversion attackers trained and scored per head/tail depth and corpus", shardable=True)
 register_stage("defenses", DefensesConfig, "benchmarks.stage_defenses:stage_defenses",
-               "defense x strength x adaptive attacker per head depth: recovery, utility and cost")
+               "defense x strength x adaptive attacker per head depth: recovery, utility and cost", shardable=True)

@@ -167,12 +167,7 @@ class TokenClassifier(InversionAttack):
             n_items = len(train)
         else:
             rows = torch.from_numpy(np.flatnonzero((y != IGNORE).any(dim=1).numpy()))
-
-            def loss_fn(module: nn.Module, idx: torch.Tensor) -> torch.Tensor:
-                r = rows[idx]
-                logits = self._forward(module, x[r])  # (B, H, V_r)
-                return ce(logits.reshape(-1, logits.shape[-1]), y[r].reshape(-1).to(logits.device))
-
+            loss_fn = self._token_loss(x, y, rows)
             n_items = len(rows)
         val_fn = None
         if val is not None:
@@ -193,6 +188,38 @@ class TokenClassifier(InversionAttack):
             self.tau, self.lam, grid = _backoff.choose(self.backoff, val, self._combine(self._logp(val), val),
                                                        self.vocab)
             self.fit_report.update(backoff_tau=self.tau, backoff_lam=self.lam, backoff_val_top1=grid)
+
+    def _token_loss(self, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor):
+        """Cross-entropy of a batch of token rows (x: (N, d) inputs, y: (N, H) restricted targets)."""
+        ce = nn.CrossEntropyLoss(ignore_index=IGNORE)
+
+        def loss_fn(module: nn.Module, idx: torch.Tensor) -> torch.Tensor:
+            r = rows[idx]
+            logits = self._forward(module, x[r])  # (B, H, V_r)
+            return ce(logits.reshape(-1, logits.shape[-1]), y[r].reshape(-1).to(logits.device))
+
+        return loss_fn
+
+    def fine_tune(self, pairs: Taps, epochs: int = 10, lr: float | None = None) -> int:
+        """Continue training the fitted classifier on known-plaintext (state, token) pairs; return how many counted.
+
+        The ``paired`` threat model of DESIGN.md section 4: an attacker fitted on its own public-model pairs
+        that also holds ``k`` pairs from the deployment. The standardiser and the restricted vocabulary stay
+        those of the first fit (a token outside it counts as ``<unk>`` with the backoff, else is skipped).
+        """
+        if self.module is None or self.sequence_level:
+            raise AttackError(f"attack {self.name!r}: fine_tune needs a fitted token-level classifier")
+        hp = self.hparams
+        x = self._prepare(pairs)  # (k, d)
+        y = torch.from_numpy(self._map(self._targets(pairs)))  # (k, H)
+        rows = torch.from_numpy(np.flatnonzero((y != IGNORE).any(dim=1).numpy()))
+        if len(rows) == 0:
+            return 0
+        fit_module(self.module, len(rows), self._token_loss(x, y, rows), epochs=epochs, lr=lr or hp["lr"],
+                   batch_size=min(int(hp["batch_size"]), len(rows)), weight_decay=hp["weight_decay"], seed=self.seed,
+                   tag=f"{self.name}+paired")
+        self.fit_report.update(paired_pairs=int(len(rows)))
+        return int(len(rows))
 
     def _need_embedding(self) -> Any:
         if self.model is None:

@@ -69,9 +69,9 @@ def train_adapter(loaded, depth: int, texts: Sequence[str], out: str | Path, *, 
         opt.zero_grad()
         loss.backward()
         opt.step()
-        last = float(loss)
+        last = float(loss.detach())
         if step % 20 == 0:
-            log.info("lora-private step %d: loss %.4f (kl %.4f)", step, last, float(kl))
+            log.info("lora-private step %d: loss %.4f (kl %.4f)", step, last, float(kl.detach()))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     save_file({n: p.detach().contiguous() for n, p in holder.named_parameters() if "lora_" in n},
@@ -98,6 +98,10 @@ class LoraPrivate(Defense):
     def validate(self) -> None:
         if self.rank < 1 or self.steps < 0:
             raise DefenseError("lora-private: need rank >= 1 and steps >= 0; e.g. --defense-option lora-private.rank=8")
+
+    def describe(self) -> str:
+        """The public label: the adapter's location is part of the secret."""
+        return self.label(public=True)
 
     def apply_head(self, head: torch.nn.Module) -> None:
         """Replace ``head.layers`` by private copies with the adapter merged."""

@@ -7,9 +7,6 @@ PNG = b"\x89PNG"
 
 def test_every_plot_writes_a_png_and_skips_without_data(tmp_path):
     written = [
-        plots.plot_tradeoff([{"threat_model": "white-box", "head_layers": a, "tok_s_modelled": 10.0 - a,
-                              "tok_s_measured": 9.0 - a, "recovery": 0.9 / a, "ci_low": 0.8 / a, "ci_high": 1.0 / a}
-                             for a in (1, 2)], tmp_path / "tradeoff.png"),
         plots.plot_recovery_vs_depth([{"attack": "mlp", "depth": d, "value": 0.5, "ci_low": 0.4, "ci_high": 0.6}
                                       for d in (1, 4)], {"unigram": 0.05}, tmp_path / "depth.png", "recovery"),
         plots.plot_pii([{"attack": "mlp", "type": t, "value": 0.3} for t in ("person", "email")], tmp_path / "pii.png"),
@@ -26,7 +23,7 @@ def test_every_plot_writes_a_png_and_skips_without_data(tmp_path):
 
 
 @pytest.mark.parametrize("fn, args", [
-    (plots.plot_tradeoff, ([],)), (plots.plot_recovery_vs_depth, ([], {}, None, "t")), (plots.plot_pii, ([],)),
+    (plots.plot_recovery_vs_depth, ([], {}, None, "t")), (plots.plot_pii, ([],)),
     (plots.plot_breakdown, ([],)), (plots.plot_tau, ([],)), (plots.plot_throughput_vs_rtt, ([],))])
 def test_no_data_no_file(tmp_path, fn, args):
     out = tmp_path / "x.png"

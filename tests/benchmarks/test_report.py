@@ -30,7 +30,8 @@ def test_report_and_plots_are_written(tmp_path):
     text = path.read_text()
     assert text.startswith("# splitinfer report")
     assert "| 1 | 90.0% (vocab-match) | 8.5 modelled, 8.0 measured (tau 1.00)" in text
-    for png in ("tradeoff.png", "recovery_head.png", "pii.png", "latency_breakdown.png", "tau.png"):
+    assert not (tmp_path / "tradeoff.png").exists() and "tradeoff" not in text  # the flat privacy-vs-speed plot went
+    for png in ("recovery_head.png", "pii.png", "latency_breakdown.png", "tau.png"):
         assert (tmp_path / png).stat().st_size > 5000
         assert f"]({png})" in text
     json.dumps(res)  # the document stays serialisable

@@ -59,3 +59,43 @@ def test_time_budget_leaves_configurations_out(cfg: dict) -> None:
 
 def test_overhead_is_measured() -> None:
     assert 0 < overhead_ms("quant(format=int8)", 64, reps=5) < 1e3
+
+
+def test_lora_private_is_shadow_and_paired_attackers_report_k(cfg: dict, tmp_path: Path) -> None:
+    """The victim's adapter is trained by the stage (never under reports/), attackers with the public weights are
+    shadow, the paired attacker is fine-tuned on k deployment pairs and labelled with k; answers (a)-(e) read it."""
+    import tempfile
+
+    from benchmarks.defenses_answers import answers_section
+
+    before = set(Path(tempfile.gettempdir()).glob("splitinfer-adapters-*"))
+    results = {"config": {"seed": 0}, "results": {}}
+    out = stage_defenses(load_model("tiny-random"), {
+        **cfg, "defenses": ["none", "lora-private(rank=2,steps=3)"], "attackers": ["vocab-match-adaptive",
+                                                                                    "linear-probe"],
+        "options": {**cfg["options"], "linear-probe": {"epochs": 1}}, "paired_k": [0, 40], "overhead": []}, results)
+    assert set(Path(tempfile.gettempdir()).glob("splitinfer-adapters-*")) == before  # the secret adapter is removed
+    none, private = out["rows"]
+    assert private["defense"] == "lora-private(rank=2,steps=3)" and private["family"] == "lora-private"
+    by = {(x["attack"], x.get("k")): x for x in private["attackers"]}
+    assert by[("vocab-match-adaptive", None)]["threat_model"] == "shadow, adaptive"
+    assert by[("linear-probe", None)]["threat_model"] == "shadow, adaptive"
+    assert by[("linear-probe+paired", 0)]["top1"] == by[("linear-probe", None)]["top1"]  # k = 0: no fine-tuning
+    assert by[("linear-probe+paired", 40)]["threat_model"] == "paired (k=40), adaptive"
+    assert 0 < by[("linear-probe+paired", 40)]["pairs_used"] <= 40
+    assert private["best"]["attack"] in ("vocab-match-adaptive", "linear-probe")  # best: without deployment pairs
+    assert "defenses/head:2/lora-private(rank=2,steps=3)/linear-probe+paired/k=40" in results["results"]
+    text = "\n".join(answers_section(out))
+    assert "(e) " in text and "paired (known-plaintext pairs from the deployment): k=0" in text
+    assert "(a) Does a random LoRA" in text and "not measured in this suite" in text
+    assert none["best"]["top1"]["value"] == 1.0
+
+
+def test_defenses_table_scores_user_text_with_baselines(cfg: dict, tmp_path: Path) -> None:
+    out = stage_defenses(load_model("tiny-random"), {**cfg, "defenses": ["none"], "overhead": [],
+                                                     "attackers": ["linear-probe"],
+                                                     "options": {"linear-probe": {"epochs": 1}}},
+                         {"config": {"seed": 0}, "results": {}})
+    text = "\n".join(defenses_section(out, tmp_path))
+    assert "Scope: user text" in text and "template top-1" in text and "lift over strongest baseline" in text
+    assert "Baselines beside the table" in text and "position" in text

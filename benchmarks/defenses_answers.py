@@ -1,0 +1,123 @@
+"""Plain answers to issue 13's questions (a)-(e) from the rows of the ``defenses`` stage, with numbers and threat model.
+
+Each answer is computed from whatever the run measured; a question whose rows
+the suite's grid lacks is answered ``not measured in this suite``. Recovery is
+the best attacker's user-text top-1 with its 95% interval (bootstrap over
+documents; ``n/a`` below 2 documents); utility is next-token agreement against
+the undefended model.
+"""
+
+from __future__ import annotations
+
+NOT_MEASURED = "not measured in this suite"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def _rec(r: dict) -> str:
+    b = r["best"]["top1"]
+    ci = "" if b.get("ci_low") is None else f" [{100 * b['ci_low']:.1f}, {100 * b['ci_high']:.1f}]"
+    return f"{_pct(b['value'])}{ci} ({r['best']['attack']}, {r['best']['threat_model']})"
+
+
+def _none(rows: list[dict], depth: int) -> dict | None:
+    return next((r for r in rows if r["depth"] == depth and r["family"] == "none"), None)
+
+
+def _versus_none(rows: list[dict], family: str) -> list[str]:
+    out = []
+    for r in (r for r in rows if r["family"] == family):
+        base = _none(rows, r["depth"])
+        ref = f" against {_rec(base)} undefended" if base else ""
+        out.append(f"head {r['depth']}, `{r['defense']}`: {_rec(r)}{ref}; next-token agreement "
+                   f"{_pct(r['next_token_agreement'])}")
+    return out
+
+
+def _lower(rows: list[dict], family: str) -> str:
+    """``yes``/``no`` (and how much) for a family, from its rows against the undefended row at the same depth."""
+    drops = [(_none(rows, r["depth"])["best"]["top1"]["value"] - r["best"]["top1"]["value"])
+             for r in rows if r["family"] == family and _none(rows, r["depth"])]
+    if not drops:
+        return ""
+    worst = max(drops)
+    return ("no: recovery falls by at most " if worst < 0.05 else "yes, partly: recovery falls by up to ") + \
+        f"{100 * worst:.1f} points. "
+
+
+def answer_a(rows: list[dict]) -> str:
+    got = _versus_none(rows, "lora-random")
+    if not got:
+        return NOT_MEASURED
+    return _lower(rows, "lora-random") + "; ".join(got) + "."
+
+
+def answer_b(random_split: list[dict]) -> str:
+    if not random_split:
+        return NOT_MEASURED
+    return "; ".join(
+        f"`{r['defense']}` ({r['threat_model']}): " + ("yes" if r["sequence_acc"] > 2 * r["chance"] else "not reliably")
+        + f", depth-id names the session's depth for {_pct(r['sequence_acc'])} of {r['sequences']} sessions "
+        f"(chance {_pct(r['chance'])}; {_pct(r['token_acc'])} of single states)" for r in random_split) + "."
+
+
+def answer_c(rows: list[dict]) -> str:
+    got = _versus_none(rows, "quant")
+    if not got:
+        return NOT_MEASURED
+    formats = {r["strength"].get("quant", {}).get("format") for r in rows if r["family"] == "quant"}
+    missing = [f for f in ("int8", "int4", "fp8") if f not in formats]
+    return _lower(rows, "quant") + "; ".join(got) + "." + (
+        f" {', '.join(missing)}: {NOT_MEASURED}." if missing else "")
+
+
+def answer_d(rows: list[dict]) -> str:
+    noise = [r for r in rows if r["family"] == "noise"]
+    if not noise:
+        return NOT_MEASURED
+    good = [r for r in noise if r["best"]["top1"]["value"] < 0.10 and r["next_token_agreement"] > 0.90]
+    head = ("yes: " + ", ".join(f"head {r['depth']} `{r['defense']}`" for r in good) if good else
+            "no level measured here: every noise level either leaves the best adaptive attacker at or above 10% or "
+            "costs next-token agreement below 90%")
+    return head + ". " + "; ".join(f"head {r['depth']}, `{r['defense']}`: {_rec(r)}, next-token agreement "
+                                   f"{_pct(r['next_token_agreement'])}" for r in noise) + "."
+
+
+def answer_e(rows: list[dict]) -> str:
+    private = [r for r in rows if r["family"] == "lora-private"]
+    if not private:
+        return NOT_MEASURED
+    parts = []
+    for r in private:
+        vm = [x for x in r["attackers"] if x["attack"].startswith("vocab-match")]
+        learned = [x for x in r["attackers"] if not x["attack"].startswith("vocab-match") and x.get("k") is None]
+        paired = sorted((x for x in r["attackers"] if x.get("k") is not None), key=lambda x: x["k"])
+        text = f"head {r['depth']}, `{r['defense']}` (next-token agreement {_pct(r['next_token_agreement'])}): "
+        text += ", ".join(f"{x['attack']} ({x['threat_model']}) {_pct(x['top1']['value'])}" for x in vm + learned)
+        if paired:
+            text += "; paired (known-plaintext pairs from the deployment): " + ", ".join(
+                f"k={x['k']} {_pct(x['top1']['value'])}" for x in paired)
+            above = next((x["k"] for x in paired if x["top1"]["value"] > 0.5), None)
+            text += (f"; above 50% from k = {above}" if above is not None else
+                     f"; not above 50% up to k = {paired[-1]['k']}")
+        parts.append(text)
+    stops = all(x["top1"]["value"] < 0.5 for r in private for x in r["attackers"]
+                if x["attack"].startswith("vocab-match"))
+    return ("White-box vocabulary matching with the public weights " + ("is stopped (below 50%)" if stops else
+            "is not stopped") + ". " + "; ".join(parts) + ".")
+
+
+def answers_section(data: dict) -> list[str]:
+    """The report's answers to (a)-(e), one line each."""
+    rows = data.get("rows", [])
+    return ["### Answers (issue 13, item 6)", "",
+            f"- (a) Does a random LoRA perturbation lower recovery by an adaptive attacker? {answer_a(rows)}",
+            f"- (b) Can someone who sees only the states identify the split depth under random splits? "
+            f"{answer_b(data.get('random_split', []))}",
+            f"- (c) How much do int8 / int4 / fp8 lower leakage? {answer_c(rows)}",
+            f"- (d) Is there a noise level where the best adaptive attacker recovers under 10% while next-token "
+            f"agreement stays above 90%? {answer_d(rows)}",
+            f"- (e) Does private fine-tuning of the local layers stop white-box vocabulary matching, and how many "
+            f"known-plaintext pairs does a learned attacker need to get back above 50%? {answer_e(rows)}", ""]

@@ -1,0 +1,173 @@
+"""``splitinfer bench merge OUT SHARD_DIR...``: join the shards of one suite run into one results file and report.
+
+Each shard directory holds the ``results.json`` of ``bench run --shard I/N``
+(:mod:`benchmarks.shard`) and its per-token predictions. The shards must be
+one run: the same suite, config (model and its sha256, seed, stage tables; the
+torch thread count may differ),
+commit and schema, shard count N, and every index 0..N-1 exactly once;
+anything else is a one-line error naming the difference. The merged document
+is what one unsharded run writes (the same runs and metrics; rows of the grid
+stages in job order), with ``merged_shards`` recorded; the stage times are the
+sums over the shards (processor time, not wall time when the shards ran side
+by side). It is validated by :mod:`benchmarks.schema` before it is written.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from pathlib import Path
+
+from benchmarks.schema import SchemaError, load, save
+from benchmarks.stages import STAGES
+
+_PER_MACHINE = ("torch_threads",)  # config keys shards on different machines may differ in
+
+
+def _shard_path(arg: str | Path) -> Path:
+    p = Path(arg)
+    return p / "results.json" if p.is_dir() else p
+
+
+def _why_differ(a: dict, b: dict, where: str) -> str | None:
+    """The first key path where two JSON values differ, or None."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if k not in a or k not in b:
+                return f"{where}.{k}"
+            found = _why_differ(a[k], b[k], f"{where}.{k}")
+            if found:
+                return found
+        return None
+    return None if a == b else where
+
+
+def check_shards(docs: list[tuple[Path, dict]]) -> int:
+    """Refuse shards that are not one run's complete set; return the shard count N."""
+    if not docs:
+        raise SchemaError("bench merge: give at least one shard directory (bench run --shard I/N --out DIR)")
+    for path, d in docs:
+        if "shard" not in d:
+            raise SchemaError(f"{path} is not a shard (no 'shard' key): make shards with bench run --shard I/N")
+    (p0, d0) = docs[0]
+    for path, d in docs[1:]:
+        for key in ("suite", "git_hash", "schema_version"):
+            if d[key] != d0[key]:
+                raise SchemaError(f"{path}: {key} {d[key]!r} differs from {d0[key]!r} in {p0}; merge the shards "
+                                  "of one run (same suite, commit and seed)")
+        diff = _why_differ({k: v for k, v in d0["config"].items() if k not in _PER_MACHINE},
+                           {k: v for k, v in d["config"].items() if k not in _PER_MACHINE}, "config")
+        if diff:
+            raise SchemaError(f"{path}: {diff} differs from {p0}; merge the shards of one run (same suite, model, "
+                              "seed and stage tables)")
+    counts = {d["shard"]["count"] for _, d in docs}
+    if len(counts) > 1:
+        raise SchemaError(f"the shards were cut into different counts {sorted(counts)}; merge one run's shards")
+    n = counts.pop()
+    seen: dict[int, Path] = {}
+    for path, d in docs:
+        i = d["shard"]["index"]
+        if i in seen:
+            raise SchemaError(f"shard {i}/{n} given twice ({seen[i]} and {path}); give each shard once")
+        seen[i] = path
+    missing = sorted(set(range(n)) - set(seen))
+    if missing:
+        raise SchemaError(f"shard(s) {', '.join(f'{i}/{n}' for i in missing)} missing; give all {n} shard "
+                          "directories")
+    return n
+
+
+def _merge_rows(parts: list[dict]) -> list[dict]:
+    """Grid rows of every shard in job order (each job's rows keep their own order)."""
+    return sorted((r for p in parts for r in p.get("rows", [])), key=lambda r: r.get("job", -1))
+
+
+def merge_attacks(parts: list[dict]) -> dict:
+    from benchmarks.stage_attacks import derived
+
+    rows = _merge_rows(parts)
+    return {**parts[0], "rows": rows, **derived(rows), "extract_seconds": sum(p["extract_seconds"] for p in parts)}
+
+
+def merge_defenses(parts: list[dict]) -> dict:
+    first = parts[0]  # shard 0: random-split rows and overhead timings
+    return {**first, "rows": _merge_rows(parts), "seconds": sum(p["seconds"] for p in parts),
+            "skipped": [s for p in parts for s in p.get("skipped", [])]}
+
+
+MERGERS = {"attacks": merge_attacks, "defenses": merge_defenses}  # every shardable stage (tested)
+
+
+def _merge_metrics(docs: list[tuple[Path, dict]]) -> dict:
+    out: dict = {}
+    for path, d in docs:
+        for run, metrics in d["results"].items():
+            for name, m in metrics.items():
+                have = out.setdefault(run, {}).get(name)
+                if have is None:
+                    out[run][name] = copy.deepcopy(m)
+                elif run.startswith("harness/stage=") and name == "wall_s":
+                    have["value"] += m["value"]  # the stage's time summed over the shards
+                elif have != m:
+                    raise SchemaError(f"{path}: results[{run!r}][{name!r}] differs from another shard's; shards "
+                                      "of one run never measure the same thing twice")
+    return out
+
+
+def merge_results(docs: list[tuple[Path, dict]]) -> dict:
+    """One results document from a complete set of shards (see the module docstring)."""
+    n = check_shards(docs)
+    docs = sorted(docs, key=lambda x: x[1]["shard"]["index"])
+    first = docs[0][1]
+    merged = {k: copy.deepcopy(v) for k, v in first.items() if k not in ("shard", "results", "data")}
+    merged["git_dirty"] = True if any(d["git_dirty"] for _, d in docs) else first["git_dirty"]
+    merged["date"] = max(d["date"] for _, d in docs)
+    merged["merged_shards"] = n
+    merged["results"] = _merge_metrics(docs)
+    datas = [d.get("data", {}) for _, d in docs]
+    data: dict = {}
+    for name in STAGES:
+        parts = [x[name] for x in datas if name in x]
+        if parts:
+            data[name] = MERGERS[name](parts) if STAGES[name].shardable else parts[0]
+    seconds: dict = {}
+    for x in datas:
+        for name, s in x.get("stage_seconds", {}).items():
+            seconds[name] = seconds.get(name, 0.0) + s
+    data["stage_seconds"] = seconds
+    data["stage_budget_s"] = {k: v for x in datas for k, v in x.get("stage_budget_s", {}).items()}
+    data["total_seconds"] = sum(x.get("total_seconds", 0.0) for x in datas)
+    merged["data"] = data
+    return merged
+
+
+def merge_dirs(out_dir: str | Path, shard_dirs: list[str | Path]) -> Path:
+    """Merge the shards under ``shard_dirs`` into ``out_dir``: results.json, predictions, report.md and plots."""
+    from benchmarks.report import write_report
+
+    docs = [(_shard_path(s), load(_shard_path(s))) for s in shard_dirs]
+    merged = merge_results(docs)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for path, _ in docs:
+        for f in sorted((path.parent / "predictions").glob("*.jsonl.gz")):
+            (out / "predictions").mkdir(exist_ok=True)
+            shutil.copyfile(f, out / "predictions" / f.name)
+    path = save(merged, out / "results.json")
+    write_report(merged, out)
+    return path
+
+
+def cmd_merge(args) -> int:
+    path = merge_dirs(args.out, args.shards)
+    print(f"results written to {path}")
+    print(f"report written to {Path(args.out) / 'report.md'}")
+    return 0
+
+
+def register(bsub) -> None:
+    m = bsub.add_parser("merge", help="join the shards of one suite run (bench run --shard I/N) into one results "
+                                      "file and report")
+    m.add_argument("out", help="output directory")
+    m.add_argument("shards", nargs="+", help="the shard directories (or their results.json), one per shard")
+    m.set_defaults(func=cmd_merge)

@@ -1,0 +1,146 @@
+"""Sharded suite runs: 2 shards merged give the metrics of 1 run; mismatched or incomplete shards are refused."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import schema
+from benchmarks.merge import MERGERS, merge_dirs, merge_results
+from benchmarks.run import run_suite
+from benchmarks.shard import Shard
+from benchmarks.stages import STAGES
+from benchmarks.suite import load_suite
+from splitinfer.errors import SplitInferError
+
+SUITE = """name = "mini-shards"
+model = "tiny-random"
+seed = 0
+
+[exactness]
+splits = ["2,2"]
+prompts = 1
+tokens = 4
+decodings = ["sequential"]
+
+[attacks]
+head_depths = [1, 2]
+tail_depths = []
+attacks = ["linear-probe", "vocab-match"]
+corpora = ["file:CORPUS"]
+train_tokens = 500
+test_tokens = 160
+max_length = 32
+options = { "linear-probe" = { epochs = 1 }, "vocab-match" = { scored_tokens = 8, pii_tokens = 8 } }
+
+[defenses]
+head_depths = [2]
+tail_layers = 1
+defenses = ["none", "noise(sigma=0.5)", "quant(format=int8)", "random-split(depths=1,2)"]
+attackers = ["linear-probe"]
+corpora = ["file:CORPUS"]
+train_tokens = 500
+test_tokens = 160
+max_length = 32
+utility_sequences = 1
+tokens = 4
+options = { "linear-probe" = { epochs = 1 } }
+overhead = ["quant(format=int8)"]
+"""
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    tmp = tmp_path_factory.mktemp("shards")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SPLITINFER_CACHE", str(tmp / "cache"))
+    corpus = tmp / "docs.jsonl"
+    corpus.write_text("\n".join(json.dumps({"doc_id": f"d{i}", "text": f"Note {i}: the fox jumps {i * 31} times."})
+                                for i in range(40)), encoding="utf-8")
+    (tmp / "mini.toml").write_text(SUITE.replace("CORPUS", str(corpus)))
+    suite = load_suite(str(tmp / "mini.toml"))
+    out = {"whole": run_suite(suite, tmp / "whole")}
+    for i in range(2):
+        out[i] = run_suite(suite, tmp / f"shard-{i}", shard=Shard(i, 2))
+    out["merged"] = merge_dirs(tmp / "merged", [tmp / "shard-1", tmp / "shard-0"])  # any order
+    yield {k: v for k, v in out.items()} | {"tmp": tmp}
+    mp.undo()
+
+
+def _measured(doc: dict) -> dict:
+    """Every metric except timings (info metrics in seconds, ms, tok/s: they differ run to run).
+
+    bytes_per_step counts the reply headers, whose ``server_ms`` timing floats vary in length run to run.
+    """
+    timing = ("wall_s", "ms_per_step", "modelled_tok_s_80ms", "bytes_per_step")
+    return {run: {k: v for k, v in ms.items() if k not in timing} for run, ms in doc["results"].items()
+            if not run.startswith("harness/")}
+
+
+def test_two_shards_merged_equal_one_run(runs: dict) -> None:
+    whole, merged = schema.load(runs["whole"]), schema.load(runs["merged"])
+    s0, s1 = schema.load(runs[0]), schema.load(runs[1])
+    assert s0["shard"] == {"index": 0, "count": 2} and merged["merged_shards"] == 2 and "shard" not in merged
+    # the shards split the grid: each ran part of it; only shard 0 ran the stage that is not shardable
+    assert "exactness" in s0["data"] and "exactness" not in s1["data"]
+    assert s1["data"]["attacks"]["rows"] and s1["data"]["defenses"]["rows"]
+    assert {r["job"] for r in s0["data"]["defenses"]["rows"]} == {0, 2}
+    a, b = _measured(merged), _measured(whole)
+    diff = [(run, k, a.get(run, {}).get(k), b.get(run, {}).get(k)) for run in set(a) | set(b)
+            for k in set(a.get(run, {})) | set(b.get(run, {})) if a.get(run, {}).get(k) != b.get(run, {}).get(k)]
+    assert not diff, diff
+    for stage, key in (("attacks", "rows"), ("defenses", "rows")):
+        strip = lambda rows: [{k: v for k, v in r.items() if "seconds" not in k and k not in (  # noqa: E731
+            "modelled_tok_s_80ms", "bytes_per_step", "attackers", "best", "info")} for r in rows]
+        assert strip(merged["data"][stage][key]) == strip(whole["data"][stage][key]), stage
+    assert merged["data"]["attacks"]["baselines"] == whole["data"]["attacks"]["baselines"]
+    assert merged["data"]["defenses"]["random_split"] == whole["data"]["defenses"]["random_split"]
+    names = lambda d: sorted(p.name for p in (d / "predictions").glob("*.jsonl.gz"))  # noqa: E731
+    assert names(runs["merged"].parent) == names(runs["whole"].parent) != []
+    assert "## Defenses" in (runs["merged"].parent / "report.md").read_text()
+
+
+def test_every_shardable_stage_can_be_merged() -> None:
+    assert {n for n, s in STAGES.items() if s.shardable} == set(MERGERS)
+
+
+@pytest.mark.parametrize("text", ["1/1", "2/2", "-1/2", "a/b", "3", "0/0"])
+def test_bad_shard_spec_is_one_line(text: str) -> None:
+    with pytest.raises(SplitInferError, match=r"--shard .*give I/N with 0 <= I < N"):
+        Shard.parse(text)
+
+
+def test_mismatched_or_incomplete_shards_are_refused(runs: dict) -> None:
+    docs = [(runs[i], schema.load(runs[i])) for i in range(2)]
+
+    def changed(i: int, edit) -> list:
+        out = copy.deepcopy(docs)
+        edit(out[i][1])
+        return out
+
+    cases = [
+        ([docs[0]], r"shard\(s\) 1/2 missing"),
+        ([docs[0], docs[0]], "shard 0/2 given twice"),
+        ([docs[0], (runs["whole"], schema.load(runs["whole"]))], "is not a shard"),
+        (changed(1, lambda d: d.update(suite="other")), "suite 'other' differs"),
+        (changed(1, lambda d: d.update(git_hash="0" * 40)), "git_hash .* differs"),
+        (changed(1, lambda d: d["config"].update(seed=1)), r"config\.seed differs"),
+        (changed(1, lambda d: d["shard"].update(count=3)), "different counts"),
+        ([], "at least one shard"),
+    ]
+    for given, message in cases:
+        with pytest.raises(schema.SchemaError, match=message):
+            merge_results(given)
+
+
+def test_bench_merge_cli_reports_one_line(runs: dict, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from splitinfer.cli import main
+
+    assert main(["bench", "merge", str(tmp_path / "m"), str(runs[0].parent)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("splitinfer: error:") and "1/2 missing" in err and "\n" not in err
+    assert main(["bench", "merge", str(tmp_path / "m"), str(runs[0].parent), str(runs[1].parent)]) == 0
+    assert schema.load(tmp_path / "m" / "results.json")["merged_shards"] == 2
