@@ -16,6 +16,10 @@
    has sent its prefill before the clock starts. Memory per session: the
    server's KV bytes and its RSS growth with all sessions open, per session.
 
+Beside it, :func:`compute_probe` times the body in-process: k single-token
+steps as one packed forward against k forwards, which separates the
+forward's own cost from the server's overhead.
+
 The same frames go to an unbatched server (``--max-batch 1``) and a batched
 one; their replies are compared (``max_abs_diff``; 0 means bit-identical).
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import statistics
 import threading
 import time
 
@@ -34,8 +39,10 @@ from benchmarks.transport import ServerProcess
 from splitinfer.batch_scheduler import BatchConfig
 from splitinfer.client import SplitModel, body_info
 from splitinfer.errors import SplitInferError
+from splitinfer.kv_cache import PartKVCache
 from splitinfer.link import InProcessLink
 from splitinfer.models import LoadedModel, load_model
+from splitinfer.packed_body import BodyStep, run_packed
 from splitinfer.partition import CloudBody, SplitConfig
 from splitinfer.protocol import decode_frame, encode_frame
 from splitinfer.remote import RemoteBody
@@ -161,6 +168,42 @@ def measure(url: str, recordings: list, sessions: int, rtt_ms: float) -> tuple[d
     return row, [c.replies for c in clients]
 
 
+@torch.no_grad()
+def compute_probe(loaded: LoadedModel, split: SplitConfig, sessions: tuple[int, ...], context: int = 64,
+                  repeats: int = 5) -> list[dict]:
+    """In-process body compute of k single-token steps: one packed forward vs k forwards (median ms).
+
+    Separates the forward's own cost from the server's overhead (transport, scheduling) in the replay figures.
+    """
+    body = CloudBody.from_model(loaded.model, split)
+    gen = torch.Generator().manual_seed(0)
+    d = loaded.hidden_size
+    caches = []
+    for _ in range(max(sessions)):
+        cache = PartKVCache()
+        body(torch.randn(1, context, d, generator=gen), torch.arange(context), cache)
+        caches.append(cache)
+    rows = []
+    for k in sessions:
+        steps = [BodyStep(torch.randn(1, 1, d, generator=gen), torch.tensor([context]), c) for c in caches[:k]]
+
+        def timed(fn) -> float:
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                fn()
+                times.append(1e3 * (time.perf_counter() - t0))
+                for c in caches[:k]:
+                    c.crop(context)
+            return statistics.median(times)
+
+        alone = timed(lambda: [body(s.hidden, s.positions, s.cache) for s in steps])
+        packed = timed(lambda: run_packed(body, steps)) if k > 1 else alone
+        rows.append({"sessions": k, "context": context, "one_by_one_ms": alone, "packed_ms": packed,
+                     "compute_speedup": alone / packed})
+    return rows
+
+
 def _max_diff(a: list, b: list) -> float:
     return max(float((x.float() - y.float()).abs().max()) for ra, rb in zip(a, b) for x, y in zip(ra, rb))
 
@@ -175,6 +218,7 @@ def run_batching(model: str = "default", split: str = "2,2", sessions: tuple[int
     t0 = time.perf_counter()
     recordings = record(loaded, sp, n_tokens, wire)
     record_s = time.perf_counter() - t0
+    compute = compute_probe(loaded, sp, sessions)
     del loaded
     extra = ("--stats-all", "--batch-window-ms", f"{batch.window_ms:g}",
              *(("--batch-invariant",) if batch_invariant else ()))
@@ -200,7 +244,7 @@ def run_batching(model: str = "default", split: str = "2,2", sessions: tuple[int
     return {"model": model, "split": split, "wire_dtype": wire, "n_tokens": n_tokens, "prompts": len(PROMPTS),
             "prompt_lengths": [len(r[0][2]["hidden"][0]) for r in recordings], "server_threads": server_threads,
             "max_batch": batch.max_batch, "batch_window_ms": batch.window_ms, "batch_invariant": batch_invariant,
-            "cpus": os.cpu_count(), "record_s": round(record_s, 2), "rows": rows}
+            "cpus": os.cpu_count(), "record_s": round(record_s, 2), "rows": rows, "compute": compute}
 
 
 def format_batching(r: dict) -> str:
@@ -215,6 +259,11 @@ def format_batching(r: dict) -> str:
         lines.append(f"{row['mode']:>9} {row['rtt_ms']:>6g} {row['sessions']:>8} {row['body_tok_s']:>10.1f} "
                      f"{row['speedup']:>11.2f} {per_forward:>13.2f} {row['kv_bytes_per_session'] / 2**20:>14.2f} "
                      f"{row['rss_bytes_per_session'] / 2**20:>15.2f} {row['max_abs_diff']:>10.3g}")
+    lines += ["", "in-process body compute of k single-token steps (no server; median ms):",
+              f"{'sessions':>8} {'one by one':>10} {'packed':>8} {'x':>6}"]
+    for row in r.get("compute", []):
+        lines.append(f"{row['sessions']:>8} {row['one_by_one_ms']:>10.1f} {row['packed_ms']:>8.1f} "
+                     f"{row['compute_speedup']:>6.2f}")
     return "\n".join(lines)
 
 
@@ -230,4 +279,7 @@ def batching_document(raw: dict) -> dict:
         add_metric(doc, run, "kv_bytes_per_session", metric(row["kv_bytes_per_session"], higher_is_better=False,
                                                             kind="info", unit="B"))
         add_metric(doc, run, "max_abs_diff", metric(row["max_abs_diff"], higher_is_better=False, kind="info"))
+    for row in raw.get("compute", []):
+        add_metric(doc, f"batching/compute/sessions={row['sessions']}", "compute_speedup",
+                   metric(row["compute_speedup"], kind="info"))
     return doc

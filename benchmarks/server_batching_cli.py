@@ -35,7 +35,7 @@ def register(bsub) -> None:
     add_wire_dtype(b)
     b.add_argument("--server-threads", type=int, default=2, help="OMP_NUM_THREADS of the server (default 2)")
     b.add_argument("--max-batch", type=int, default=16, help="the batched server's --max-batch (default 16)")
-    b.add_argument("--batch-window-ms", type=float, default=2.0, help="the servers' --batch-window-ms (default 2)")
+    b.add_argument("--batch-window-ms", type=float, default=5.0, help="the servers' --batch-window-ms (default 5)")
     b.add_argument("--batch-invariant", action="store_true", help="both servers with batch-invariant kernels")
     b.add_argument("--out", default=None, help="also write the results document (JSON) here")
     b.set_defaults(func=cmd_batching)

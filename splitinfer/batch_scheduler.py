@@ -9,10 +9,15 @@ Steps that arrive during a forward wait for the next one, so sessions join
 and leave between any two steps (continuous batching, Yu et al., "Orca",
 OSDI 2022; here at the granularity of whole body steps).
 
-**The window.** When the first step of a batch arrives the scheduler waits up
-to ``window_ms`` for others, but stops as soon as as many steps are pending as
-there are connections with open sessions (each connection has at most one
-request in flight), capped at ``max_batch``. A single client therefore never
+**The window.** The scheduler waits up to ``window_ms`` for more steps,
+counted from the arrival of the oldest pending step or from the end of the
+previous forward, whichever is later, but stops as soon as as many steps are
+pending as there are connections with open sessions (each connection has at
+most one request in flight), capped at ``max_batch``. Counting from the end
+of the previous forward lets the sessions just answered send their next step
+and join the steps that queued during that forward; counting only from the
+oldest arrival split 8 lockstep sessions into two alternating half batches
+(measured: 4 steps per forward; ``reports/server_batching``). A single client therefore never
 waits; a client that opened several sessions on one connection and uses
 only one waits at most the window per step.
 
@@ -47,7 +52,7 @@ class BatchConfig:
     """``--max-batch`` (1 = unbatched), ``--batch-window-ms`` and the rows one packed forward may hold."""
 
     max_batch: int = 16
-    window_ms: float = 2.0
+    window_ms: float = 5.0
     max_rows: int = 512
 
     def validate(self) -> None:
@@ -89,6 +94,7 @@ class BatchScheduler:
         self._pending: list[_Pending] = []
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._last_end = 0.0  # monotonic time the previous forward ended
         self.counts = {"forwards": 0, "steps": 0, "fallbacks": 0}  # packed-or-single forwards, steps answered
 
     # ---------------------------------------------------------------- callers
@@ -129,12 +135,13 @@ class BatchScheduler:
                     self._cv.wait()
                 if not self._pending:
                     return
-                deadline = self._pending[0].since + self.config.window_ms / 1e3
+                deadline = max(self._pending[0].since, self._last_end) + self.config.window_ms / 1e3
                 while len(self._pending) < self._enough() and (left := deadline - time.monotonic()) > 0:
                     self._cv.wait(left)
                 batch = self._take()
             try:
                 self._execute(batch)
+                self._last_end = time.monotonic()
             except BaseException as e:  # never leave a worker waiting, never let the thread die
                 log.exception("batch scheduler failed")
                 for item in batch:

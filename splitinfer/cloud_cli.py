@@ -203,7 +203,7 @@ def register(sub) -> None:
                    help="threads handling requests (at least --max-batch are started; default %(default)s)")
     s.add_argument("--max-batch", type=int, default=16,
                    help="sessions' body steps run as one packed forward (1 = no batching; default %(default)s)")
-    s.add_argument("--batch-window-ms", type=float, default=2.0,
+    s.add_argument("--batch-window-ms", type=float, default=5.0,
                    help="how long the first ready step waits for other sessions' steps (default %(default)s)")
     add_defense_args(s)
     s.set_defaults(func=cmd_serve)
