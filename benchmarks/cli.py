@@ -144,6 +144,7 @@ def register(sub) -> None:
     from benchmarks.attacks_depth_cli import register as register_attacks_depth
     from benchmarks.decoding_cli import register as register_decoding
     from benchmarks.merge import register as register_merge
+    from benchmarks.server_batching_cli import register as register_batching
     from benchmarks.transport_cli import register as register_transport
 
     bench = sub.add_parser("bench", help="benchmarks: suites, single benchmarks, regress")
@@ -189,6 +190,7 @@ def register(sub) -> None:
 
     register_transport(bsub)
     register_decoding(bsub)
+    register_batching(bsub)
     x = bsub.add_parser("extract", help="activation extraction tok/s vs a plain truncated forward, per depth")
     add_model_args(x, split_default=None)
     x.add_argument("--depths", type=int_list, default=(1, 8, 16), help="head depths (default 1,8,16)")

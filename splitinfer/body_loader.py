@@ -7,7 +7,7 @@
 - :func:`place_auto` (``--device-map auto``) spreads the body layers over all
   visible GPUs with accelerate; untested on a CPU-only machine, kept small.
 - :func:`body_inventory` lists what the process holds (the ``stats`` reply).
-- :func:`make_service` wraps the body in a :class:`BodyService` with the CLI's limits.
+- :func:`make_service` wraps the body in a :class:`BodyService` with the CLI's limits and batching.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import logging
 import torch
 
 from splitinfer import batch_invariant as bi
+from splitinfer.batch_scheduler import BatchConfig
 from splitinfer.body_info import BodyInfo
 from splitinfer.body_weights import weights_dir
 from splitinfer.errors import SplitInferError
@@ -91,8 +92,9 @@ def body_inventory(body: torch.nn.Module) -> dict:
 
 def make_service(body: CloudBody, info: BodyInfo, max_sessions: int = 64, max_context: int = 4096,
                  idle_timeout_s: float = 300.0, max_frame_bytes: int = 64 * 2**20,
-                 max_sessions_per_connection: int = 8, stats_all: bool = False) -> BodyService:
-    """A BodyService with the CLI's limits (validated)."""
+                 max_sessions_per_connection: int = 8, stats_all: bool = False,
+                 batch: BatchConfig = BatchConfig(max_batch=1)) -> BodyService:
+    """A BodyService with the CLI's limits and batching (validated)."""
     from splitinfer.protocol import Limits
 
     if max_sessions < 1 or max_context < 1 or idle_timeout_s <= 0 or max_frame_bytes < 1024:
@@ -102,4 +104,5 @@ def make_service(body: CloudBody, info: BodyInfo, max_sessions: int = 64, max_co
         raise SplitInferError("--max-sessions-per-connection must be >= 1")
     limits = ServiceLimits(max_sessions, max_context, idle_timeout_s, Limits(max_frame_bytes=max_frame_bytes),
                            max_sessions_per_owner=max_sessions_per_connection, stats_all=stats_all)
-    return BodyService(body, info, limits)
+    batch.validate()
+    return BodyService(body, info, limits, batch=batch)

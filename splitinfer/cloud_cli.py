@@ -57,6 +57,7 @@ class CloudFlags:
 # ---------------------------------------------------------------------- serve
 def cmd_serve(args) -> int:
     from splitinfer.defenses.cli_args import defense_from_args
+    from splitinfer.batch_scheduler import BatchConfig
     from splitinfer.partition import SplitConfig
     from splitinfer.server import ServerConfig, load_body, make_service, run_server
     from splitinfer.ws_link import read_token_file
@@ -70,13 +71,15 @@ def cmd_serve(args) -> int:
         connection_idle_s=args.connection_idle_s, message_timeout_s=args.message_timeout_s,
     )
     config.validate()  # before loading anything: refuse a bad or unsafe setup at once
+    BatchConfig(max_batch=args.max_batch, window_ms=args.batch_window_ms).validate()
     for warning in config.warnings():
         log.warning("%s", warning)
     split = SplitConfig.parse(args.split)
     body, info = load_body(args.model, split, args.dtype, args.device, args.device_map, args.seed,
                            args.batch_invariant)
     service = make_service(body, info, args.max_sessions, args.max_context, args.idle_timeout_s,
-                           int(args.max_frame_mb * 2**20), args.max_sessions_per_connection, args.stats_all)
+                           int(args.max_frame_mb * 2**20), args.max_sessions_per_connection, args.stats_all,
+                           BatchConfig(max_batch=args.max_batch, window_ms=args.batch_window_ms))
     service.set_defense(defense_from_args(args))  # the cloud's side: quantised frames, reply noise
     log.info("body of %s split %s: layers %d..%d, sha256 %s", args.model, split, body.first_layer,
              body.first_layer + len(body.layers) - 1, info.body_sha256[:16])
@@ -196,7 +199,12 @@ def register(sub) -> None:
     s.add_argument("--ping-interval-s", type=float, default=20.0, help="keepalive ping period")
     s.add_argument("--ping-timeout-s", type=float, default=20.0, help="drop a client that does not answer a ping")
     s.add_argument("--close-timeout-s", type=float, default=5.0, help="wait this long for a peer's close reply")
-    s.add_argument("--workers", type=int, default=4, help="threads running body forwards")
+    s.add_argument("--workers", type=int, default=4,
+                   help="threads handling requests (at least --max-batch are started; default %(default)s)")
+    s.add_argument("--max-batch", type=int, default=16,
+                   help="sessions' body steps run as one packed forward (1 = no batching; default %(default)s)")
+    s.add_argument("--batch-window-ms", type=float, default=5.0,
+                   help="how long the first ready step waits for other sessions' steps (default %(default)s)")
     add_defense_args(s)
     s.set_defaults(func=cmd_serve)
 

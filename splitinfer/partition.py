@@ -107,18 +107,23 @@ class LayerStack(nn.Module):
         positions: torch.Tensor,  # (T,)
         cache: PartKVCache,
         parents: Sequence[int] | None,
+        masks: dict[str, torch.Tensor | None] | None = None,
     ) -> torch.Tensor:  # (1, T, d)
         """Run every layer of the stack on ``hidden`` at ``positions``, appending to ``cache``.
 
         ``parents`` (a token tree's parent array, or None for a causal chain) shapes the mask;
         a batch ``(B, T, d)`` without cache entries and parents works too (one causal mask for all rows).
+        ``masks`` (attention kind -> mask) replaces the masks built from ``cache`` and ``parents``:
+        :mod:`splitinfer.packed_body` passes block-diagonal ones over several sessions' caches.
         """
         position_ids = positions.to(hidden.device)[None]  # (1, T)
-        masks: dict[str, torch.Tensor | None] = {}
+        given = masks
+        masks = {}
         rope: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         for kind in set(self.layer_types):
             window = self.sliding_window if kind == "sliding_attention" else None
-            mask = attention_mask(cache.positions, positions.cpu(), parents, window)
+            mask = given[kind] if given is not None else attention_mask(cache.positions, positions.cpu(), parents,
+                                                                         window)
             masks[kind] = None if mask is None else mask.to(hidden.device)
             if self._rotary_takes_type:
                 rope[kind] = self.rotary_emb(hidden, position_ids, kind)

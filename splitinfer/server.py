@@ -16,7 +16,11 @@ Settings: :mod:`splitinfer.server_config`; loading the body:
 - **After login** the frame limit becomes ``--max-frame-mb``; the connection
   counts against ``max_connections``. Every request runs in a thread pool
   (each session has its own lock), so the loop keeps answering pings and other
-  clients while a body forward runs.
+  clients while a body forward runs. The workers hand their body steps to
+  the service's :class:`~splitinfer.batch_scheduler.BatchScheduler`, which
+  runs the steps of concurrent sessions as one packed forward
+  (``--max-batch``, ``--batch-window-ms``); the pool has at least
+  ``--max-batch`` threads so that a full batch can gather.
 - **Quotas and timeouts.** Sessions per connection, in all, and positions per
   session: :class:`~splitinfer.session.ServiceLimits`. A logged-in connection
   is dropped after ``connection_idle_s`` without real work (a forward, or a
@@ -94,7 +98,9 @@ class BodyServer:
         self.connections = 0  # logged in
         self._pending: OrderedDict[int, ServerConnection] = OrderedDict()  # not logged in yet, oldest first
         self._ids = itertools.count(1)
-        self._pool = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="body")
+        # a worker waits while its step is batched: enough of them that a full batch can gather
+        workers = max(config.workers, service.scheduler.config.max_batch)
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="body")
         self._started = time.monotonic()
         self._inventory = body_inventory(service.body)
         self._hello_limits = Limits(max_frame_bytes=config.hello_max_bytes,
@@ -128,6 +134,7 @@ class BodyServer:
             log.info("shutting down: closing %d connection(s)", self.connections)
             reaper.cancel()
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self.service.scheduler.close()
 
     async def _reap(self) -> None:
         period = max(0.05, min(self.service.limits.idle_timeout_s / 4, 5.0))

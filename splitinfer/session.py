@@ -25,15 +25,18 @@ import logging
 import secrets
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
+from splitinfer import batch_invariant as bi
+from splitinfer.batch_scheduler import BatchConfig, BatchScheduler
 from splitinfer.body_info import BodyInfo
 from splitinfer.decoding.tree import depths, validate_parents
 from splitinfer.defenses.pipeline import DefensePipeline, check_public
 from splitinfer.errors import ProtocolError, SplitInferError
 from splitinfer.kv_cache import PartKVCache
+from splitinfer.packed_body import BodyStep
 from splitinfer.partition import CloudBody
 from splitinfer.protocol import (
     DEFAULT_LIMITS,
@@ -75,7 +78,7 @@ class BodyService:
     """Runs a :class:`CloudBody` for many sessions, one frame at a time."""
 
     def __init__(self, body: CloudBody, info: BodyInfo, limits: ServiceLimits = ServiceLimits(),
-                 defense: DefensePipeline | None = None):
+                 defense: DefensePipeline | None = None, batch: BatchConfig = BatchConfig(max_batch=1)):
         if not isinstance(info, BodyInfo):
             raise TypeError(f"info must be a BodyInfo, got {type(info).__name__}")
         self.body = body
@@ -90,6 +93,13 @@ class BodyService:
         self.extra_stats = None  # optional callable -> dict merged into the stats reply (server-level figures)
         param = next(body.parameters())
         self.dtype, self.device = param.dtype, param.device
+        if bi.is_enabled(body):  # packed forwards stay within the rows the kernels were probed for
+            batch = replace(batch, max_rows=min(batch.max_rows, bi.MAX_ROWS))
+        self.scheduler = BatchScheduler(body, batch, self._active_owners)
+
+    def _active_owners(self) -> int:
+        """Callers that may have a forward in flight: owners with open sessions (one request each at a time)."""
+        return len({s.owner for s in list(self.sessions.values())})
 
     def set_defense(self, defense: DefensePipeline) -> None:
         """The defense whose cloud side this service runs (decode_up / encode_down); announced at hello."""
@@ -228,20 +238,23 @@ class BodyService:
             if keep is not None:
                 s.cache.keep(*keep)
             t0 = time.perf_counter()
+            step = BodyStep(hidden.to(self.device, self.dtype), torch.tensor(positions, dtype=torch.long), s.cache,
+                            parents)
             try:
-                out = self.body(
-                    hidden.to(self.device, self.dtype), torch.tensor(positions, dtype=torch.long), s.cache, parents
-                )
+                done = self.scheduler.run(step)  # alone, or packed with other sessions' steps
             except BaseException:
                 s.cache.crop(base)  # drop whatever the layers that ran appended
                 raise
-            out = out.to(hidden.dtype)  # reply in the dtype the client chose for the wire
-            compute_s = time.perf_counter() - t0
+            out = done.out.to(hidden.dtype)  # reply in the dtype the client chose for the wire
+            compute_s = time.perf_counter() - t0  # queue + forward: this step's time in the body stage
             s.forwards += 1
             self._worked(s)
         self._count(forwards=1, tokens=len(positions))
         reply = self.defense.encode_down(out, positions, s.number)
-        return "result", {"session": f["session"], "length": len(s.cache)}, reply, compute_s
+        fields = {"session": f["session"], "length": len(s.cache)}
+        if self.scheduler.config.max_batch > 1:
+            fields["batch"] = done.batch  # steps in the forward that computed this one
+        return "result", fields, reply, compute_s
 
     def _op_commit(self, frame, owner=None):
         f = frame.fields
@@ -285,6 +298,7 @@ class BodyService:
         if everyone:
             with self._stats_lock:
                 fields.update(self.stats)
+            fields.update({f"batch_{k}": v for k, v in self.scheduler.counts.items()})
             fields["model"] = self.info.model
         extra = self.extra_stats(everyone) if self.extra_stats is not None else {}
         return "stats_reply", {**fields, **extra}, {}, 0.0

@@ -176,6 +176,8 @@ def test_serve_refuses_unsafe_or_impossible_setups(tiny_dir, capsys):
     assert "without a token" in capsys.readouterr().err
     assert main(["serve", "--model", str(tiny_dir), "--tls-cert", "x.pem"]) == 2
     assert "--tls-key" in capsys.readouterr().err
+    assert main(["serve", "--model", str(tiny_dir), "--max-batch", "0"]) == 2
+    assert "--max-batch 0: must be >= 1" in capsys.readouterr().err
     if not torch.cuda.is_available():
         assert main(["serve", "--model", str(tiny_dir), "--device", "cuda"]) == 2
         assert "CUDA is not available" in capsys.readouterr().err

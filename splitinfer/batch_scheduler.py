@@ -1,0 +1,200 @@
+"""Continuous batching over sessions: collect the body steps that are ready, run them as one forward.
+
+The service's worker threads (one per request in flight) hand their session's
+body step to :meth:`BatchScheduler.run` and wait. One scheduler thread
+takes the pending steps, oldest first, as one batch of at most ``max_batch``
+steps and ``max_rows`` rows, runs it through
+:func:`splitinfer.packed_body.run_packed` and answers every waiting worker.
+Steps that arrive during a forward wait for the next one, so sessions join
+and leave between any two steps (continuous batching, Yu et al., "Orca",
+OSDI 2022; here at the granularity of whole body steps).
+
+**The window.** The scheduler waits up to ``window_ms`` for more steps,
+counted from the arrival of the oldest pending step or from the end of the
+previous forward, whichever is later, but stops as soon as as many steps are
+pending as there are connections with open sessions (each connection has at
+most one request in flight), capped at ``max_batch``. Counting from the end
+of the previous forward lets the sessions just answered send their next step
+and join the steps that queued during that forward; counting only from the
+oldest arrival split 8 lockstep sessions into two alternating half batches
+(measured: 4 steps per forward; ``reports/server_batching``). A single client therefore never
+waits; a client that opened several sessions on one connection and uses
+only one waits at most the window per step.
+
+**Exactness.** A batch of one step runs ``body(...)`` exactly as the
+unbatched server does. If a packed forward raises (e.g. one session's cache
+refuses to grow), every session's cache is cropped back to its length before
+the batch and each step is run again on its own, so a failing session gets
+its error and the others their results, with caches as if they had never
+been batched. ``max_batch=1`` is the unbatched server: the worker thread runs
+the body itself, as before this module existed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from splitinfer.errors import SplitInferError
+from splitinfer.packed_body import BodyStep, run_packed
+from splitinfer.partition import CloudBody
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    """``--max-batch`` (1 = unbatched), ``--batch-window-ms`` and the rows one packed forward may hold."""
+
+    max_batch: int = 16
+    window_ms: float = 5.0
+    max_rows: int = 512
+
+    def validate(self) -> None:
+        if self.max_batch < 1:
+            raise SplitInferError(f"--max-batch {self.max_batch}: must be >= 1 (1 = no batching)")
+        if not 0 <= self.window_ms <= 1000:
+            raise SplitInferError(f"--batch-window-ms {self.window_ms:g}: must be in [0, 1000]")
+        if self.max_rows < 1:
+            raise SplitInferError(f"max_rows {self.max_rows}: must be >= 1")
+
+
+@dataclass
+class _Pending:
+    step: BodyStep
+    since: float = field(default_factory=time.monotonic)
+    done: threading.Event = field(default_factory=threading.Event)
+    out: torch.Tensor | None = None
+    error: BaseException | None = None
+    batch: int = 1  # steps in the forward that answered it
+    compute_s: float = 0.0  # that forward's time
+
+
+@dataclass
+class StepResult:
+    out: torch.Tensor  # (1, T, d)
+    compute_s: float  # the forward that computed it (shared by its batch)
+    queue_s: float  # waiting before that forward started
+    batch: int  # steps in that forward
+
+
+class BatchScheduler:
+    """Runs :class:`BodyStep` s for many threads, packing those that are ready into one forward."""
+
+    def __init__(self, body: CloudBody, config: BatchConfig = BatchConfig(),
+                 active_callers: Callable[[], int] = lambda: 1):
+        config.validate()
+        self.body, self.config, self._active = body, config, active_callers
+        self._cv = threading.Condition()
+        self._pending: list[_Pending] = []
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._last_end = 0.0  # monotonic time the previous forward ended
+        self.counts = {"forwards": 0, "steps": 0, "fallbacks": 0}  # packed-or-single forwards, steps answered
+
+    # ---------------------------------------------------------------- callers
+    def run(self, step: BodyStep) -> StepResult:
+        """Compute ``step`` (appending to its cache); raise what its forward raised."""
+        if self.config.max_batch == 1:
+            t0 = time.perf_counter()
+            out = self.body(step.hidden, step.positions, step.cache, step.parents)
+            return StepResult(out, time.perf_counter() - t0, 0.0, 1)
+        item = _Pending(step)
+        with self._cv:
+            if self._closed:
+                raise SplitInferError("the server is shutting down")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="body-batcher", daemon=True)
+                self._thread.start()
+            self._pending.append(item)
+            self._cv.notify_all()
+        item.done.wait()
+        if item.error is not None:
+            raise item.error
+        queue_s = max(0.0, time.monotonic() - item.since - item.compute_s)
+        return StepResult(item.out, item.compute_s, queue_s, item.batch)
+
+    def close(self) -> None:
+        """Stop the scheduler thread once the pending steps are answered."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    # ---------------------------------------------------------------- the scheduler thread
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._pending and not self._closed:
+                    self._cv.wait()
+                if not self._pending:
+                    return
+                deadline = max(self._pending[0].since, self._last_end) + self.config.window_ms / 1e3
+                while len(self._pending) < self._enough() and (left := deadline - time.monotonic()) > 0:
+                    self._cv.wait(left)
+                batch = self._take()
+            try:
+                self._execute(batch)
+                self._last_end = time.monotonic()
+            except BaseException as e:  # never leave a worker waiting, never let the thread die
+                log.exception("batch scheduler failed")
+                for item in batch:
+                    if not item.done.is_set():
+                        item.error = e
+                        item.done.set()
+
+    def _enough(self) -> int:
+        try:
+            callers = int(self._active())
+        except Exception:
+            callers = self.config.max_batch
+        return max(1, min(self.config.max_batch, callers))
+
+    def _take(self) -> list[_Pending]:
+        """Oldest first: at most ``max_batch`` steps and ``max_rows`` rows (the oldest step always goes)."""
+        batch, rest, rows = [], [], 0
+        for item in self._pending:
+            fits = len(batch) < self.config.max_batch and rows + item.step.rows <= self.config.max_rows
+            if not batch or fits:
+                batch.append(item)
+                rows += item.step.rows
+            else:
+                rest.append(item)
+        self._pending = rest
+        return batch
+
+    def _execute(self, batch: list[_Pending]) -> None:
+        self.counts["forwards"] += 1
+        if len(batch) > 1:
+            bases = [len(item.step.cache) for item in batch]
+            t0 = time.perf_counter()
+            try:
+                outs = run_packed(self.body, [item.step for item in batch])
+            except Exception as e:
+                for item, base in zip(batch, bases):
+                    item.step.cache.crop(base)  # as if the packed forward had never run
+                log.info("a packed forward of %d steps failed (%s); running them one by one", len(batch),
+                         str(e)[:200])
+                self.counts["fallbacks"] += 1
+            else:
+                compute_s = time.perf_counter() - t0
+                for item, out in zip(batch, outs):
+                    item.out, item.compute_s, item.batch = out, compute_s, len(batch)
+                    self.counts["steps"] += 1
+                    item.done.set()
+                return
+        for item in batch:  # one step, or the packed forward failed: each on its own, like the unbatched server
+            t0 = time.perf_counter()
+            try:
+                item.out = self.body(item.step.hidden, item.step.positions, item.step.cache, item.step.parents)
+            except Exception as e:
+                item.error = e
+            item.compute_s = time.perf_counter() - t0
+            self.counts["steps"] += 1
+            item.done.set()

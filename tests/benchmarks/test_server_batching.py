@@ -1,0 +1,32 @@
+"""``splitinfer bench batching`` on the tiny model: recorded frames replayed against real servers."""
+
+from __future__ import annotations
+
+from benchmarks import schema
+from benchmarks.server_batching import record
+from splitinfer.cli import main
+from splitinfer.partition import SplitConfig
+
+N_TOKENS = 3
+
+
+def test_bench_batching_counts_the_replayed_tokens_server_side(tiny, tmp_path, capsys):
+    out = tmp_path / "batching.json"
+    assert main(["bench", "batching", "--model", "tiny-random", "--sessions", "1,3", "--rtt-ms", "0",
+                 "--max-new-tokens", str(N_TOKENS), "--out", str(out)]) == 0
+    doc = schema.load(out)
+    assert doc["suite"] == "bench-batching"
+    recordings = record(tiny, SplitConfig(2, 2), N_TOKENS, "fp16")
+    decode = [sum(len(f["positions"]) for op, f, _ in r[1:] if op == "forward") for r in recordings]
+    for row in doc["data"]["rows"]:
+        k = row["sessions"]
+        assert row["body_tokens"] == sum(decode[i % len(decode)] for i in range(k)), row  # the server's own count
+        assert row["kv_bytes_per_session"] > 0 and row["max_abs_diff"] < 1e-3
+    assert doc["results"]["batching/mode=unbatched/rtt=0/sessions=3"]["speedup"]["value"] == 1.0
+    assert "batching/mode=batched/rtt=0/sessions=3" in doc["results"]
+
+
+def test_bad_batch_setting_is_one_line(capsys):
+    assert main(["bench", "batching", "--model", "tiny-random", "--max-batch", "0"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--max-batch" in err[0]

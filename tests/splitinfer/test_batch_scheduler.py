@@ -1,0 +1,118 @@
+"""The batch scheduler (:mod:`splitinfer.batch_scheduler`): gathering, caps, failures, the unbatched path."""
+
+from __future__ import annotations
+
+import copy
+import threading
+
+import pytest
+import torch
+
+from splitinfer import batch_invariant as bi
+from splitinfer.batch_scheduler import BatchConfig, BatchScheduler
+from splitinfer.errors import SplitInferError
+from splitinfer.kv_cache import PartKVCache
+from splitinfer.packed_body import BodyStep
+from splitinfer.partition import SplitConfig, split_model
+
+LONG = 1000.0  # ms (the largest allowed): a window the tests do not wait out (the scheduler stops once every caller is pending)
+
+
+@pytest.fixture(scope="module")
+def body(tiny):
+    _, body, _ = split_model(copy.deepcopy(tiny.model), SplitConfig(2, 2))
+    bi.enable(body)  # bit-identical packed forwards: results compare with torch.equal
+    return body
+
+
+def _step(body, cached: int, rows: int, seed: int, max_len: int | None = None) -> BodyStep:
+    gen = torch.Generator().manual_seed(seed)
+    d = body.config.hidden_size
+    cache = PartKVCache()
+    if cached:
+        body(torch.randn(1, cached, d, generator=gen), torch.arange(cached), cache)
+    cache.max_len = max_len
+    return BodyStep(torch.randn(1, rows, d, generator=gen), torch.arange(cached, cached + rows), cache)
+
+
+def _run_all(scheduler, steps):
+    """Submit every step from its own thread at once; return (results, errors) in step order."""
+    results, errors = [None] * len(steps), [None] * len(steps)
+
+    def call(i):
+        try:
+            results[i] = scheduler.run(steps[i])
+        except Exception as e:  # noqa: BLE001 - the test inspects it
+            errors[i] = e
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(steps))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results, errors
+
+
+SHAPES = [(3, 1), (7, 1), (0, 5), (2, 2)]  # (cached, rows): ragged lengths, a prefill among them
+
+
+def test_concurrent_steps_run_as_one_forward_and_match_one_forward_each(body):
+    scheduler = BatchScheduler(body, BatchConfig(max_batch=8, window_ms=LONG), lambda: len(SHAPES))
+    steps = [_step(body, c, r, i) for i, (c, r) in enumerate(SHAPES)]
+    results, errors = _run_all(scheduler, steps)
+    assert errors == [None] * len(SHAPES)
+    assert scheduler.counts["forwards"] == 1 and [r.batch for r in results] == [len(SHAPES)] * len(SHAPES)
+    for i, (c, r) in enumerate(SHAPES):
+        alone = _step(body, c, r, i)
+        expected = body(alone.hidden, alone.positions, alone.cache)
+        assert torch.equal(results[i].out, expected)
+        assert len(steps[i].cache) == c + r
+        assert all(torch.equal(steps[i].cache.keys[k], alone.cache.keys[k]) for k in alone.cache.keys)
+    scheduler.close()
+
+
+def test_max_batch_and_max_rows_cap_each_forward(body):
+    scheduler = BatchScheduler(body, BatchConfig(max_batch=2, window_ms=LONG), lambda: 6)
+    results, errors = _run_all(scheduler, [_step(body, 2, 1, i) for i in range(6)])
+    assert errors == [None] * 6 and max(r.batch for r in results) <= 2 and scheduler.counts["forwards"] >= 3
+    scheduler.close()
+    scheduler = BatchScheduler(body, BatchConfig(max_batch=8, window_ms=0, max_rows=4), lambda: 3)
+    results, errors = _run_all(scheduler, [_step(body, 2, 3, i) for i in range(3)])
+    assert errors == [None] * 3 and [r.batch for r in results] == [1, 1, 1]  # 3 + 3 rows > 4
+    scheduler.close()
+
+
+def test_a_failing_session_does_not_corrupt_the_others(body):
+    scheduler = BatchScheduler(body, BatchConfig(max_batch=8, window_ms=LONG), lambda: 3)
+    steps = [_step(body, 3, 1, 0), _step(body, 4, 2, 1, max_len=5), _step(body, 5, 1, 2)]  # the middle one overflows
+    results, errors = _run_all(scheduler, steps)
+    assert isinstance(errors[1], SplitInferError) and "--max-context" in str(errors[1])
+    assert errors[0] is None and errors[2] is None and scheduler.counts["fallbacks"] == 1
+    for i, (c, r, seed) in ((0, (3, 1, 0)), (2, (5, 1, 2))):
+        alone = _step(body, c, r, seed)
+        assert torch.equal(results[i].out, body(alone.hidden, alone.positions, alone.cache))
+        assert len(steps[i].cache) == c + r and torch.equal(steps[i].cache.positions, alone.cache.positions)
+        assert all(torch.equal(steps[i].cache.values[k], alone.cache.values[k]) for k in alone.cache.values)
+    scheduler.close()
+
+
+def test_unbatched_runs_in_the_callers_thread(body):
+    scheduler = BatchScheduler(body, BatchConfig(max_batch=1), lambda: 4)
+    step, alone = _step(body, 3, 2, 0), _step(body, 3, 2, 0)
+    assert torch.equal(scheduler.run(step).out, body(alone.hidden, alone.positions, alone.cache))
+    assert scheduler._thread is None and scheduler.counts["forwards"] == 0
+
+
+def test_a_lone_step_does_not_wait_for_callers_that_never_come(body):
+    scheduler = BatchScheduler(body, BatchConfig(max_batch=8, window_ms=0), lambda: 50)
+    assert scheduler.run(_step(body, 1, 1, 0)).batch == 1
+    scheduler.close()
+    with pytest.raises(SplitInferError, match="shutting down"):
+        scheduler.run(_step(body, 1, 1, 0))
+
+
+@pytest.mark.parametrize("config, message", [(BatchConfig(max_batch=0), "--max-batch"),
+                                             (BatchConfig(window_ms=-1), "--batch-window-ms")])
+def test_bad_settings_are_one_line_errors(config, message):
+    with pytest.raises(SplitInferError, match=message):
+        config.validate()
