@@ -24,15 +24,13 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.decoding import HF_PROMPT_LOOKUP
+from benchmarks.decoding import CPU80, FLAT80, HF_PROMPT_LOOKUP
 from benchmarks.decoding_peers import PROMPT_LOOKUP_TOKENS, prompt_lookup_runs
 from benchmarks.prompts import PROMPTS, humaneval_prompts
 from splitinfer.decoding.base import DecodingEnv, make_proposer
 from splitinfer.decoding.replay import replay, tau, top_tokens_of
 
 TOPK = 8
-CPU80 = {"step_ms": 214.4, "token_ms": 4.59}  # reports/decoding: fitted CPU step costs projected to 80 ms
-FLAT80 = {"step_ms": 218.6, "token_ms": 0.385}  # the same with a flat per-step compute (GPU-like)
 NO_LA = {"lookahead": "off"}
 HF_PL = HF_PROMPT_LOOKUP  # transformers' rule (ngram 2, k = 10, first match, cut at EOS), replayed
 SWEEP = {  # label -> (proposer, options); replayed on the project's prompts
