@@ -12,8 +12,8 @@ children are its token's table row. The table outlives a request (the
 paper's "hot start").
 
 Two tree shapes (``tree``; default ``dynamic``, ``max_depth`` 10: on the project's 20 prompts at 200
-tokens it commits 2.41 tokens per round trip against 2.15 for the static shape at depth 6, and the same
-inside ``combined``; ``reports/decoding/training_free/``):
+tokens it commits 2.01 tokens per round trip (pooled) against 1.92 for the static shape at depth 6;
+``reports/decoding/report.txt``):
 
 - ``static`` (the paper's): a fixed tree of ``draft_budget`` nodes over
   *ranks*, chosen once, best-first, by the prior that the rank-``r``
@@ -25,9 +25,10 @@ inside ``combined``; ``reports/decoding/training_free/``):
 
 ``key=2`` (our extension, not in the paper) also keeps a row per *pair* (previous token, token) and
 drafts from it when that pair was seen, else from the one-token row. Replayed on the project's 20 prompts
-at 200 tokens (issue 15, 2026-12-01, the split model's sequential outputs): token-recycling alone 2.42 ->
-2.55 tokens per round trip (2.85 with ``draft_budget`` 64, ``max_depth`` 16), but inside ``combined`` at
-this CPU's 80 ms costs 2.969 -> 2.973 and code unchanged at 1.95; so the default stays ``key=1``.
+at 200 tokens against the split model's sequential outputs (tau pooled per category as ``bench decoding``
+pools it; ``reports/decoding/RUN.md``): token-recycling alone 2.01 -> 2.23 tokens per round trip (2.32 with
+``draft_budget`` 64), but inside ``combined`` at this CPU's 80 ms costs 2.365 -> 2.369 and code unchanged at
+1.78; so the default stays ``key=1``.
 
 Deviations: the table keeps probabilities beside the ids (the paper keeps
 ids only), used as confidences inside ``combined`` and by the dynamic
