@@ -69,7 +69,6 @@ FLAT80 = {"step_ms": 218.6, "token_ms": 0.385}
 REPLAYABLE = ("ngram-pool", "prompt-lookup", "suffix", "token-recycling")  # replayed in full, real on a subset
 DEFAULT_PROPOSERS = ("sequential", *REPLAYABLE, "combined")
 MODEL_DRAFTERS = ("local-draft", "feature-draft")
-BANDWIDTH_MBPS = 100.0  # the modelled link of the ablation's sizing rows
 HUMANEVAL = "humaneval"  # the external code set's category (reported, never tuned on)
 
 
@@ -118,12 +117,6 @@ def _steps(records: list[dict], decode_only: bool = True) -> list[StepTiming]:
         steps = [StepTiming(**s) for s in r["steps"]]
         out += steps[1:] if decode_only else steps
     return out
-
-
-def cost_coefficients(model: StepTimeModel, flat: bool = False) -> tuple[float, float]:
-    """(step_ms, token_ms) of ``t(T) = step_ms + token_ms * T`` from a fitted, projected model."""
-    t0, t1 = model.predict(0, flat), model.predict(1, flat)
-    return t0, t1 - t0
 
 
 def committed(records: list[dict]) -> list[list[int]]:
@@ -298,7 +291,7 @@ def run_decoding_bench(
     if ablation:
         from benchmarks.decoding_ablation import run_ablation
 
-        run_ablation(bench, model, ablation_prompts, "lookahead" in wanted)
+        run_ablation(bench, model, ablation_prompts, "lookahead" in wanted, CPU80, FLAT80)
     results["runs"] = bench.runs
     results["wall_s"] = time.perf_counter() - t_start
     return results

@@ -12,7 +12,7 @@ step for step for every proposer it also runs for real):
   (the paper's static tree at depth 6 and 10 against our dynamic tree);
 - the per-source ablation of the default ``combined`` (each training-free
   source left out in turn, and each source alone inside combined's merging);
-- ``combined gpu-flat@80ms``: sized for :data:`~benchmarks.decoding.FLAT80` (lookahead branch off);
+- ``combined gpu-flat@80ms``: sized for ``FLAT80`` of :mod:`benchmarks.decoding` (lookahead branch off);
 - ``combined`` sized for other step costs (this run's fitted CPU model and
   its flat, GPU-like variant, at 20 and 80 ms; lookahead branch off).
 
@@ -24,9 +24,10 @@ the proposers).
 
 from __future__ import annotations
 
-from benchmarks.decoding import BANDWIDTH_MBPS, CPU80, FLAT80, DecodingBench, cost_coefficients
 from splitinfer.decoding.combined import DEFAULT_SOURCES
 from splitinfer.timing import StepTimeModel
+
+BANDWIDTH_MBPS = 100.0  # the modelled link of the sizing rows
 
 RTTS = (20.0, 80.0)
 BUDGETS = (8, 16, 32, 64)
@@ -36,19 +37,27 @@ TR_SHAPES = {"static d6 (paper-like)": {"tree": "static", "max_depth": 6},
              "static d10": {"tree": "static", "max_depth": 10}, "dynamic d6": {"max_depth": 6}}
 
 
-def source_ablation() -> dict[str, dict]:
-    """Labels and options of the default combined with each source left out, and with each source alone."""
+def cost_coefficients(model: StepTimeModel, flat: bool = False) -> tuple[float, float]:
+    """(step_ms, token_ms) of ``t(T) = step_ms + token_ms * T`` from a fitted, projected model."""
+    t0, t1 = model.predict(0, flat), model.predict(1, flat)
+    return t0, t1 - t0
+
+
+def source_ablation(costs: dict) -> dict[str, dict]:
+    """Labels and options of the default combined (sized with ``costs``) with each source left out, and alone."""
     out = {}
     for src in DEFAULT_SOURCES:
         rest = ",".join(s for s in DEFAULT_SOURCES if s != src)
-        out[f"combined -{src}"] = {**CPU80, "sources": rest}
+        out[f"combined -{src}"] = {**costs, "sources": rest}
     for src in DEFAULT_SOURCES:
-        out[f"combined only {src}"] = {**CPU80, "sources": src}
+        out[f"combined only {src}"] = {**costs, "sources": src}
     return out
 
 
-def run_ablation(bench: DecodingBench, model: StepTimeModel, ablation_prompts: int, lookahead: bool) -> None:
-    """Add the ablation rows (see the module docstring) to ``bench.runs``."""
+def run_ablation(bench, model: StepTimeModel, ablation_prompts: int, lookahead: bool, cpu80: dict,
+                 flat80: dict) -> None:
+    """Add the ablation rows (see the module docstring) to ``bench.runs`` (a :class:`benchmarks.decoding.DecodingBench`;
+    ``cpu80`` / ``flat80``: the default combined's fixed step costs and their flat variant)."""
     for n in NGRAMS:
         bench.replayed(f"ngram-pool n={n}", "ngram-pool", {"ngram": n})
     for t in BUDGETS:
@@ -60,9 +69,9 @@ def run_ablation(bench: DecodingBench, model: StepTimeModel, ablation_prompts: i
                                                              "lookahead": "off"})
     for label, opts in TR_SHAPES.items():
         bench.replayed(f"token-recycling {label}", "token-recycling", opts)
-    for label, opts in source_ablation().items():
+    for label, opts in source_ablation(cpu80).items():
         bench.replayed(label, "combined", opts)
-    bench.replayed("combined gpu-flat@80ms", "combined", {**FLAT80, "lookahead": "off"})
+    bench.replayed("combined gpu-flat@80ms", "combined", {**flat80, "lookahead": "off"})
     for rtt in RTTS:
         for flat in (False, True):
             step_ms, token_ms = cost_coefficients(model.project(rtt, BANDWIDTH_MBPS), flat)
