@@ -44,10 +44,13 @@ BYTES = {"higher_is_better": False, "kind": "exact", "unit": "B"}
 
 
 def speed_document(raw: dict) -> dict:
-    return _add_rows(document("speed", _scalars(raw), raw), raw["rows"],
-                     lambda r: f"speed/split={raw['split']}/rtt={r['rtt_ms']:g}",
-                     (("tok_s", "measured_tok_s", TOK_S), ("efficiency", "efficiency", {"kind": "efficiency"}),
-                      ("bytes_per_step", "bytes_per_step", BYTES)))
+    doc = _add_rows(document("speed", _scalars(raw), raw), raw["rows"],
+                    lambda r: f"speed/split={raw['split']}/rtt={r['rtt_ms']:g}",
+                    (("tok_s", "measured_tok_s", TOK_S), ("bytes_per_step", "bytes_per_step", BYTES)))
+    for r in raw["rows"]:  # efficiency with its measured spread (regress's tolerance when wider than the default)
+        add_metric(doc, f"speed/split={raw['split']}/rtt={r['rtt_ms']:g}", "efficiency",
+                   metric(r["efficiency"], r.get("efficiency_low"), r.get("efficiency_high"), kind="efficiency"))
+    return doc
 
 
 def exactness_document(rows: list[dict], config: dict) -> dict:

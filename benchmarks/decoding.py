@@ -1,38 +1,34 @@
-"""Decoding benchmark (issue 4): exactness, tokens per round trip and modelled speed of every proposer.
+"""Decoding benchmark (issues 4 and 15): exactness, tokens per round trip and modelled speed of every proposer.
 
 ``splitinfer bench decoding`` runs, on the default model split 2,2 over an
-in-process link with an fp32 wire:
+in-process link with an fp32 wire, on the project's prompts
+(:mod:`benchmarks.prompts`, chat template, ``--max-new-tokens`` 200) and, with
+``humaneval`` N, on the first N HumanEval problems in chat form (an external
+code set: reported, never tuned on; its own category, outside the mean):
 
-1. *Acceptance*: sequential greedy decoding of every prompt
-   (:mod:`benchmarks.prompts`, chat template, ``--max-new-tokens`` 200), then
-   every proposer at its defaults on the same prompts; each output must be
-   token-identical to sequential and every emitted token's logits within
-   ``--tolerance`` (1e-4). The suffix and combined proposers keep their
-   state across prompts (SuffixDecoding's cache of earlier outputs).
-2. *Step-time model* (DESIGN.md section 6, :mod:`splitinfer.timing`),
-   fitted to all measured decode steps and cross-validated, projected to
-   20 and 80 ms RTT at 100 Mbit/s; also with a *flat* per-step compute cost
-   (every step costs what a 1-token step costs, as on a GPU).
-   ``combined`` sizes its trees with this model's costs at 80 ms (fixed
-   coefficients, so the run is reproducible); ``combined gpu-flat@80ms``
-   with the flat costs (which also switches its lookahead branch on).
-   Proposers that draft with the local model (``local-draft``, and
-   ``combined+local-draft``: combined with local-draft as a fourth source)
-   run after the fit with the same 80 ms costs; their steps stay out of the
-   fit (their drafting time does not grow with the tokens sent), and their
-   modelled time adds each step's measured drafting time instead.
-   ``draft_calibration`` warm-starts their bridge from a calibration file.
-   ``feature-draft`` (and ``combined+feature-draft``) run the same way, with
-   the head trained by ``splitinfer draft-train`` (``draft_head``, default:
-   the cache directory it writes to).
-3. *Ablation* (the seed's section 6.4 on our model): ``ngram-pool`` n = 3..7,
-   ``prompt-lookup`` / ``suffix`` / ``combined`` at T in {8, 16, 32, 64}, and
-   ``combined`` sized for other costs, by exact replay against the sequential
-   outputs (:mod:`splitinfer.decoding.replay`; checked against the measured
-   runs); ``lookahead`` N = 3..7 by real runs on ``--ablation-prompts``
-   prompts per category (it learns from the model's outputs and cannot be
-   replayed).
-
+1. *Acceptance*: sequential greedy decoding of every prompt, then the default
+   ``combined`` (training-free sources, tree sized for this CPU's costs
+   projected to 80 ms, :data:`CPU80`: fixed coefficients, so the run is
+   reproducible) on every prompt; each output must be token-identical to
+   sequential and every emitted token's logits within ``--tolerance`` (1e-4).
+   The other replayable proposers (``ngram-pool``, ``prompt-lookup``,
+   ``suffix``, ``token-recycling``) run for real on ``subset_prompts`` prompts
+   per category (exactness, and their replay checked step for step against
+   these runs) and their tau over every prompt comes from exact replay
+   against the sequential outputs (:mod:`splitinfer.decoding.replay`; rows
+   marked R). ``subset_prompts`` >= the prompts per category runs them in
+   full. One proposer instance per prompt set, prompts in order (suffix and
+   combined keep their history, token-recycling its table).
+   Proposers that cannot be replayed (``jacobi``, ``lookahead``, and the
+   model drafters ``local-draft`` / ``feature-draft``, alone and as a source
+   of ``combined``) run for real on every prompt when named in ``proposers``;
+   the model drafters' steps stay out of the step-time fit and their modelled
+   time adds their measured drafting time.
+2. *Step-time model* (DESIGN.md section 6, :mod:`splitinfer.timing`), fitted
+   to all measured decode steps and cross-validated, projected to 20 and
+   80 ms RTT at 100 Mbit/s; also with a *flat* per-step compute cost (every
+   step costs what a 1-token step costs, as on a GPU).
+3. *Ablation*, by exact replay (:mod:`benchmarks.decoding_ablation`).
 4. *Peers* (issue 15 item 3): transformers' prompt lookup
    (``prompt_lookup_num_tokens=10``) on the unsplit model, tau = new tokens /
    forward calls (:mod:`benchmarks.decoding_peers`), each output checked
@@ -52,25 +48,28 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from benchmarks.prompts import PROMPTS
+from benchmarks.prompts import PROMPTS, humaneval_prompts
 from splitinfer import atomic, batch_invariant
 from splitinfer.client import SplitModel, eos_ids
-from splitinfer.decoding.base import DecodingEnv, list_proposers, make_proposer
+from splitinfer.decoding.base import DecodingEnv, make_proposer
 from splitinfer.decoding.combined import DEFAULT_SOURCES
 from splitinfer.decoding.replay import replay, top_tokens_of
-from splitinfer.errors import SplitInferError
 from splitinfer.timing import StepTimeModel, StepTiming, cross_validate, fit
 
 log = logging.getLogger(__name__)
 
-RTTS = (20.0, 80.0)
-BANDWIDTH = 100.0
-BUDGETS = (8, 16, 32, 64)
-NGRAMS = (3, 4, 5, 6, 7)
 HF_RULE = "prompt-lookup transformers-rule"  # our prompt-lookup with transformers' matching rule, replayed
 HF_PROMPT_LOOKUP = {"ngram": 2, "draft_budget": 10, "occurrence": "first"}
 TOPK = 8  # top tokens per replayed row (token-recycling's k at most)
-TR_KS = (2, 4, 8)
+# combined's tree is sized with these step costs (ms = step_ms + token_ms * positions sent): this CPU's fitted
+# step-time model projected to 80 ms RTT, 100 Mbit/s (the full run of reports/decoding at 3931371); FLAT80 the
+# same with a flat per-step compute (GPU-like). Fixed, so that tau does not move with this run's timing noise.
+CPU80 = {"step_ms": 214.4, "token_ms": 4.59}
+FLAT80 = {"step_ms": 218.6, "token_ms": 0.385}
+REPLAYABLE = ("ngram-pool", "prompt-lookup", "suffix", "token-recycling")  # replayed in full, real on a subset
+DEFAULT_PROPOSERS = ("sequential", *REPLAYABLE, "combined")
+MODEL_DRAFTERS = ("local-draft", "feature-draft")
+HUMANEVAL = "humaneval"  # the external code set's category (reported, never tuned on)
 
 
 def _run_record(res, ref, cat: str, needs_model: bool = False) -> dict:
@@ -113,17 +112,16 @@ def _steps(records: list[dict], decode_only: bool = True) -> list[StepTiming]:
     """Steps for the step-time fit (runs of model-drafting proposers left out)."""
     out = []
     for r in records:
-        if r.get("needs_model"):
+        if r.get("needs_model") or r.get("replayed"):
             continue
         steps = [StepTiming(**s) for s in r["steps"]]
         out += steps[1:] if decode_only else steps
     return out
 
 
-def cost_coefficients(model: StepTimeModel, flat: bool = False) -> tuple[float, float]:
-    """(step_ms, token_ms) of ``t(T) = step_ms + token_ms * T`` from a fitted, projected model."""
-    t0, t1 = model.predict(0, flat), model.predict(1, flat)
-    return t0, t1 - t0
+def committed(records: list[dict]) -> list[list[int]]:
+    """Tokens committed per step, per generation (what a replay must reproduce)."""
+    return [[s["tokens_committed"] for s in r["steps"]] for r in records]
 
 
 class DecodingBench:
@@ -138,6 +136,24 @@ class DecodingBench:
         self.env = DecodingEnv(vocab_size=int(sm.loaded.model.config.vocab_size),
                                eos_ids=frozenset(eos_ids(sm.loaded)), max_new_tokens=max_new_tokens)
 
+    def subset(self, per_category: int) -> list[int]:
+        """The first ``per_category`` prompts of every category (item indices, in order)."""
+        out, seen = [], {}
+        for i, (cat, _) in enumerate(self.items):
+            seen[cat] = seen.get(cat, 0) + 1
+            if seen[cat] <= per_category:
+                out.append(i)
+        return out
+
+    def _instances(self, name: str, options: dict | None, indices: list[int]):
+        """(index, proposer) in order: one proposer instance per prompt set (the project's, HumanEval)."""
+        proposer, current = None, None
+        for i in indices:
+            prompt_set = self.items[i][0] == HUMANEVAL
+            if proposer is None or prompt_set != current:
+                proposer, current = make_proposer(name, **(options or {})), prompt_set
+            yield i, proposer
+
     def reference(self) -> None:
         self.sm.generate(self.ids[0], 4)  # warm-up
         for ids, (cat, _) in tqdm(list(zip(self.ids, self.items)), desc="sequential", leave=False):
@@ -148,10 +164,10 @@ class DecodingBench:
         self.topk = [top_tokens_of(model, ids, r.token_ids, TOPK) for ids, r in zip(self.ids, self.refs)]
 
     def measure(self, label: str, name: str, options: dict | None = None, subset: list[int] | None = None) -> None:
-        """Real runs of one proposer (one instance across the prompts, in order)."""
-        proposer = make_proposer(name, **(options or {}))
+        """Real runs of one proposer (one instance per prompt set, prompts in order)."""
         records = []
-        for i in tqdm(subset if subset is not None else range(len(self.items)), desc=label, leave=False):
+        indices = subset if subset is not None else range(len(self.items))
+        for i, proposer in tqdm(list(self._instances(name, options, list(indices))), desc=label, leave=False):
             res = self.sm.generate(self.ids[i], self.max_new, record_logits=True, decoding=proposer)
             records.append(_run_record(res, self.refs[i], self.items[i][0], proposer.needs_model))
             if not records[-1]["token_identical"] or records[-1]["max_logit_diff"] > self.tol:
@@ -159,15 +175,27 @@ class DecodingBench:
                             records[-1]["token_identical"], records[-1]["max_logit_diff"])
         self.runs[label] = records
 
-    def replayed(self, label: str, name: str, options: dict | None = None, cost: StepTimeModel | None = None) -> None:
-        """Exact replay of one proposer against the sequential outputs (no model)."""
-        proposer = make_proposer(name, **(options or {}))
+    def replayed(self, label: str, name: str, options: dict | None = None, cost: StepTimeModel | None = None,
+                 subset: list[int] | None = None) -> list[dict]:
+        """Exact replay of one proposer against the sequential outputs (no model); kept under ``label`` if given."""
         records = []
-        for ids, ref, (cat, _), topk in zip(self.ids, self.refs, self.items, self.topk):
-            steps = replay(proposer, ids, ref.token_ids, self.max_new, self.env, cost, topk)
-            records.append({"category": cat, "tokens": len(ref.token_ids), "steps": [s.to_dict() for s in steps],
-                            "wall_s": None, "token_identical": True, "max_logit_diff": None, "replayed": True})
-        self.runs[label] = records
+        for i, proposer in self._instances(name, options, list(subset if subset is not None else
+                                                                range(len(self.items)))):
+            steps = replay(proposer, self.ids[i], self.refs[i].token_ids, self.max_new, self.env, cost, self.topk[i])
+            records.append({"category": self.items[i][0], "tokens": len(self.refs[i].token_ids),
+                            "steps": [s.to_dict() for s in steps], "wall_s": None, "token_identical": True,
+                            "max_logit_diff": None, "replayed": True})
+        if label:
+            self.runs[label] = records
+        return records
+
+
+    def references(self) -> dict:
+        """The sequential outputs and top-k rows in :mod:`benchmarks.decoding_tune`'s reference format (replays)."""
+        refs = [{"category": cat, "ids": ids, "output": ref.token_ids, "topk": topk}
+                for (cat, _), ids, ref, topk in zip(self.items, self.ids, self.refs, self.topk)]
+        return {"max_new_tokens": self.max_new, "eos": sorted(self.env.eos_ids), "vocab_size": self.env.vocab_size,
+                "model_sha256": self.sm.loaded.sha256, "refs": refs}
 
 
 def _head_sha(sm: SplitModel, draft_head: str | None, wanted: list[str]) -> str | None:
@@ -184,17 +212,22 @@ def run_decoding_bench(
     max_new_tokens: int = 200,
     prompts_per_category: int = 5,
     ablation: bool = True,
-    ablation_prompts: int = 1,
+    ablation_prompts: int = 0,
     proposers: list[str] | None = None,
     tolerance: float = 1e-4,
     draft_calibration: str | None = None,
     draft_head: str | None = None,
     feature_draft_options: dict | None = None,
     peers: bool = True,
+    humaneval: int = 0,
+    subset_prompts: int = 1,
+    refs_out: Path | None = None,
 ) -> dict:
     """Run the whole benchmark and return its results (see the module docstring)."""
     prompts = {c: ps[:prompts_per_category] for c, ps in PROMPTS.items()}
-    wanted = proposers or list_proposers()
+    if humaneval:
+        prompts[HUMANEVAL] = humaneval_prompts(humaneval)
+    wanted = list(proposers or DEFAULT_PROPOSERS)
     if feature_draft_options and "feature-draft" in wanted:  # a bad option fails now, not after an hour
         make_proposer("feature-draft", **feature_draft_options)
         if "combined" in wanted:
@@ -202,52 +235,63 @@ def run_decoding_bench(
     bench = DecodingBench(sm, prompts, max_new_tokens, tolerance)
     t_start = time.perf_counter()
     bench.reference()
+    if refs_out:  # for offline tuning by replay (benchmarks.decoding_tune --refs)
+        torch.save(bench.references(), refs_out)
     results_peers = _peers(bench) if peers else {}
-    names = [n for n in wanted if n not in ("sequential", "combined", "local-draft", "feature-draft")]
-    for name in names:
-        bench.measure(name, name)
-    model = fit(_steps([r for recs in bench.runs.values() for r in recs]), 0.0, None, skip_prefill=False)
-    cpu80 = model.project(80.0, BANDWIDTH)
-    step_ms, token_ms = cost_coefficients(cpu80)
-    combined_opts = {"step_ms": step_ms, "token_ms": token_ms}
-    flat_ms = cost_coefficients(cpu80, flat=True)
-    flat_opts = {"step_ms": flat_ms[0], "token_ms": flat_ms[1]}
+    checks: dict = {}
+    full = subset_prompts >= max(len(ps) for ps in prompts.values())
+    for name in [n for n in wanted if n in REPLAYABLE]:
+        if full:
+            bench.measure(name, name)
+            checks[name] = committed(bench.runs[name]) == committed(bench.replayed("", name))
+        else:
+            sub = bench.subset(subset_prompts)
+            label = f"{name} (real, {subset_prompts}/category)"
+            bench.measure(label, name, subset=sub)
+            checks[name] = committed(bench.runs[label]) == committed(bench.replayed("", name, subset=sub))
+            bench.replayed(name, name)
+    for name in [n for n in wanted if n not in (*REPLAYABLE, "sequential", "combined", *MODEL_DRAFTERS)]:
+        bench.measure(name, name)  # jacobi, lookahead: they learn from the model, not replayable
     if "combined" in wanted:
-        bench.measure("combined", "combined", combined_opts)
-        bench.measure("combined gpu-flat@80ms", "combined", flat_opts)
+        bench.measure("combined", "combined", CPU80)
+        try:
+            checks["combined"] = committed(bench.runs["combined"]) == committed(bench.replayed("", "combined", CPU80))
+        except Exception as e:  # noqa: BLE001 -- combined with its lookahead branch learns from the model
+            checks["combined"] = f"not replayable: {e}"
     for drafter, opts in (("local-draft", {"calibration": draft_calibration}),
-                          ("feature-draft", {"draft_head": draft_head, **(feature_draft_options or {})})):  # model drafters: alone and in combined
-        if drafter in wanted:
-            bench.measure(drafter, drafter, {**combined_opts, **opts})
+                          ("feature-draft", {"draft_head": draft_head, **(feature_draft_options or {})})):
+        if drafter in wanted:  # model drafters: alone and in combined
+            bench.measure(drafter, drafter, {**CPU80, **opts})
             if "combined" in wanted:
                 sources = f"{','.join(DEFAULT_SOURCES)},{drafter}"
-                bench.measure(f"combined+{drafter}", "combined", {**combined_opts, **opts, "sources": sources})
-    # Pool every measured step for the final model (combined's steps included).
+                bench.measure(f"combined+{drafter}", "combined", {**CPU80, **opts, "sources": sources})
     all_steps = _steps([r for recs in bench.runs.values() for r in recs])
     model = fit(all_steps, 0.0, None, skip_prefill=False)
     results = {
         "config": {"model": sm.loaded.spec, "model_sha256": sm.loaded.sha256, "split": str(sm.split),
                    "kernels": batch_invariant.kernels(sm.loaded.model),
                    "batch_invariant_padding": batch_invariant.padding(sm.loaded.model),
-                   "device": str(sm.device),
+                   "device": str(sm.device), "humaneval": humaneval, "subset_prompts": subset_prompts,
                    "wire_dtype": "fp32", "max_new_tokens": max_new_tokens, "prompts": prompts,
-                   "tolerance": tolerance, "combined_options": combined_opts, "draft_calibration": draft_calibration,
+                   "tolerance": tolerance, "combined_options": CPU80, "draft_calibration": draft_calibration,
                    "draft_head": draft_head, "draft_head_sha256": _head_sha(sm, draft_head, wanted),
                    "feature_draft_options": feature_draft_options or {},
-                   "combined_gpu_flat_options": flat_opts},
+                   "combined_gpu_flat_options": FLAT80},
         "step_model": model.to_dict(),
         "cross_validation": cross_validate(all_steps, 0.0, None, skip_prefill=False),
-        "replay_checks": {},
+        "replay_checks": checks,
         "peers": results_peers,
         "noise_floor": {"chunk": 16, "per_prompt": bench.floor, "max": max(bench.floor)},
     }
     if peers:  # our replay of transformers' rule against its real runs: the same forwards, prompt by prompt?
         bench.replayed(HF_RULE, "prompt-lookup", HF_PROMPT_LOOKUP)
         real = next(v for v in results_peers.values() if isinstance(v, list))
-        results["replay_checks"]["transformers prompt lookup rule"] = (
+        checks["transformers prompt lookup rule"] = (
             [len(r["steps"]) for r in bench.runs[HF_RULE]] == [r["forwards"] for r in real])
     if ablation:
-        _ablation(bench, model, ablation_prompts, results)
+        from benchmarks.decoding_ablation import run_ablation
+
+        run_ablation(bench, model, ablation_prompts, "lookahead" in wanted, CPU80, FLAT80)
     results["runs"] = bench.runs
     results["wall_s"] = time.perf_counter() - t_start
     return results
@@ -262,40 +306,6 @@ def _peers(bench: DecodingBench) -> dict:
     for rec, (cat, _) in zip(recs, bench.items):
         rec["category"] = cat
     return {f"transformers prompt-lookup k={PROMPT_LOOKUP_TOKENS} (unsplit)": recs, "assisted generation": ASSISTED}
-
-
-def _ablation(bench: DecodingBench, model: StepTimeModel, ablation_prompts: int, results: dict) -> None:
-    checks = results["replay_checks"]
-    for name, opts in (("ngram-pool", {}), ("prompt-lookup", {}), ("suffix", {}), ("token-recycling", {}),
-                       ("combined", results["config"]["combined_options"])):
-        if name in bench.runs:
-            label = f"{name} (replay)"
-            try:
-                bench.replayed(label, name, opts)
-            except SplitInferError as e:  # combined with its lookahead branch learns from the model
-                checks[name] = f"not replayable: {e}"
-                continue
-            committed = lambda recs: [[s["tokens_committed"] for s in r["steps"]] for r in recs]  # noqa: E731
-            checks[name] = committed(bench.runs[name]) == committed(bench.runs[label])
-            del bench.runs[label]
-    for n in NGRAMS:
-        bench.replayed(f"ngram-pool n={n}", "ngram-pool", {"ngram": n})
-    for t in BUDGETS:
-        bench.replayed(f"prompt-lookup T={t}", "prompt-lookup", {"draft_budget": t})
-        bench.replayed(f"suffix T={t}", "suffix", {"draft_budget": t})
-        for k in TR_KS:
-            bench.replayed(f"token-recycling k={k} T={t}", "token-recycling", {"k": k, "draft_budget": t})
-        bench.replayed(f"combined T={t} fixed", "combined", {"draft_budget": t, "adaptive": False,
-                                                             "lookahead": "off"})
-    for rtt in RTTS:
-        for flat in (False, True):
-            proj = model.project(rtt, BANDWIDTH)
-            step_ms, token_ms = cost_coefficients(proj, flat)
-            label = f"combined-no-lookahead sized {'gpu-flat' if flat else 'cpu'}@{rtt:g}ms"
-            bench.replayed(label, "combined", {"step_ms": step_ms, "token_ms": token_ms, "lookahead": "off"})
-    subset = [i for c in PROMPTS for i in [j for j, (cat, _) in enumerate(bench.items) if cat == c][:ablation_prompts]]
-    for n in NGRAMS if subset else ():  # --ablation-prompts 0: no lookahead sweep (not empty rows)
-        bench.measure(f"lookahead N={n}", "lookahead", {"ngram": n}, subset=subset)
 
 
 def save(results: dict, out: Path) -> None:

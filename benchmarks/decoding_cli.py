@@ -28,7 +28,8 @@ def cmd_decoding(args) -> int:
             ablation=not args.no_ablation, ablation_prompts=args.ablation_prompts,
             proposers=args.proposers.split(",") if args.proposers else None, tolerance=args.tolerance,
             draft_calibration=args.draft_calibration, draft_head=args.draft_head,
-            feature_draft_options=feature_draft_options(args.decoding_option),
+            feature_draft_options=feature_draft_options(args.decoding_option), humaneval=args.humaneval,
+            subset_prompts=args.subset_prompts, refs_out=args.refs_out,
         )
         save(results, out)
     table = summarize(results)
@@ -64,10 +65,23 @@ def register(bsub) -> None:
     add_model_args(d)
     d.add_argument("--max-new-tokens", type=int, default=200)
     d.add_argument("--prompts-per-category", type=int, default=5, help="up to 5 (default %(default)s)")
-    d.add_argument("--proposers", default=None, help="comma list (default: all registered)")
+    d.add_argument("--proposers", default=None,
+                   help="comma list (default: sequential, the training-free proposers and combined; also "
+                        "jacobi, lookahead, local-draft, feature-draft)")
+    d.add_argument("--humaneval", type=int, default=20,
+                   help="also the first N HumanEval problems in chat form (reported, never tuned on; default "
+                        "%(default)s; 0: none)")
+    d.add_argument("--subset-prompts", type=int, default=1,
+                   help="prompts per category on which ngram-pool, prompt-lookup, suffix and token-recycling run "
+                        "for real (their tau on all prompts is replayed and checked against these runs); "
+                        "a number >= the prompts per category runs them in full (default %(default)s)")
+    d.add_argument("--refs-out", default=None, metavar="PATH",
+                   help="also save the sequential outputs and top-k rows for replay tuning "
+                        "(python -m benchmarks.decoding_tune --refs PATH)")
     d.add_argument("--no-ablation", action="store_true", help="skip the ablation sweeps")
-    d.add_argument("--ablation-prompts", type=int, default=1,
-                   help="prompts per category for the lookahead N sweep (real runs; default %(default)s)")
+    d.add_argument("--ablation-prompts", type=int, default=0,
+                   help="prompts per category for the lookahead N sweep (real runs, with lookahead among "
+                        "--proposers; default %(default)s: none)")
     d.add_argument("--tolerance", type=float, default=1e-4, help="max |logit difference| (default %(default)s)")
     d.add_argument("--draft-calibration", default=None, metavar="PATH",
                    help="warm-start local-draft's bridge (see `splitinfer draft-calibrate`; default: online fit only)")

@@ -24,15 +24,13 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.decoding import HF_PROMPT_LOOKUP
+from benchmarks.decoding import CPU80, FLAT80, HF_PROMPT_LOOKUP
 from benchmarks.decoding_peers import PROMPT_LOOKUP_TOKENS, prompt_lookup_runs
 from benchmarks.prompts import PROMPTS, humaneval_prompts
 from splitinfer.decoding.base import DecodingEnv, make_proposer
-from splitinfer.decoding.replay import replay, tau, top_tokens_of
+from splitinfer.decoding.replay import replay, top_tokens_of
 
 TOPK = 8
-CPU80 = {"step_ms": 214.4, "token_ms": 4.59}  # reports/decoding: fitted CPU step costs projected to 80 ms
-FLAT80 = {"step_ms": 218.6, "token_ms": 0.385}  # the same with a flat per-step compute (GPU-like)
 NO_LA = {"lookahead": "off"}
 HF_PL = HF_PROMPT_LOOKUP  # transformers' rule (ngram 2, k = 10, first match, cut at EOS), replayed
 SWEEP = {  # label -> (proposer, options); replayed on the project's prompts
@@ -104,8 +102,8 @@ def build_refs(sm, humaneval: int, max_new_tokens: int, peers: bool = False) -> 
             "model_sha256": sm.loaded.sha256, "refs": refs}
 
 
-def replay_config(data: dict, name: str, options: dict, categories: set[str]) -> dict[str, list[float]]:
-    """tau per prompt, by category, of one proposer instance replayed over the prompts (in order)."""
+def replay_config(data: dict, name: str, options: dict, categories: set[str]) -> dict[str, list[tuple[int, int]]]:
+    """(tokens, round trips) per prompt, by category, of one proposer instance replayed over the prompts (in order)."""
     env = DecodingEnv(vocab_size=data["vocab_size"], eos_ids=frozenset(data["eos"]),
                       max_new_tokens=data["max_new_tokens"])
     proposer = make_proposer(name, **options)
@@ -113,21 +111,23 @@ def replay_config(data: dict, name: str, options: dict, categories: set[str]) ->
     for r in data["refs"]:
         if r["category"] in categories:
             steps = replay(proposer, r["ids"], r["output"], data["max_new_tokens"], env, topk=r["topk"])
-            out.setdefault(r["category"], []).append(tau(steps))
+            out.setdefault(r["category"], []).append((sum(s.tokens_committed for s in steps), len(steps)))
     return out
 
 
-def table_row(per_cat: dict[str, list[float]], cats: list[str]) -> dict[str, float]:
-    row = {c: statistics.mean(per_cat[c]) for c in cats if c in per_cat}
+def table_row(per_cat: dict[str, list[tuple[int, int]]], cats: list[str]) -> dict[str, float]:
+    """tau per category pooled as ``bench decoding`` pools it (tokens / round trips over its prompts; a mean of
+    per-prompt tau would weight a short, well-drafted answer like a long one), and the mean of the categories."""
+    row = {c: sum(t for t, _ in per_cat[c]) / sum(n for _, n in per_cat[c]) for c in cats if c in per_cat}
     main = [row[c] for c in PROMPTS if c in row]
     row["mean"] = statistics.mean(main) if main else float("nan")
     return row
 
 
 def peer_row(data: dict, cats: list[str]) -> dict[str, float]:
-    per: dict[str, list[float]] = {}
+    per: dict[str, list[tuple[int, int]]] = {}
     for r in data["refs"]:
-        per.setdefault(r["category"], []).append(r["prompt_lookup"]["tau"])
+        per.setdefault(r["category"], []).append((r["prompt_lookup"]["tokens"], r["prompt_lookup"]["forwards"]))
     return table_row(per, cats)
 
 

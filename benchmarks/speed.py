@@ -88,6 +88,15 @@ def unsplit_ms_per_token(loaded: LoadedModel, prompt_ids: list[int], n_tokens: i
     return 1e3 * statistics.median(samples)
 
 
+def efficiency_range(bound_ms: float, bound_spread_ms: float, block_step_ms: list[float]) -> tuple[float, float]:
+    """The efficiency's measured spread: (lowest, highest) of bound / step over the bound's repeated samples
+    (``bound_ms`` .. ``bound_ms + bound_spread_ms``) and the mean step time of interleaved blocks of steps.
+
+    Recorded as the metric's interval, it is the tolerance ``regress`` applies when wider than its default.
+    """
+    return bound_ms / max(block_step_ms), (bound_ms + bound_spread_ms) / min(block_step_ms)
+
+
 def codec_ms_per_step(hidden_size: int, dtype: str = "fp16", reps: int = 2000) -> float:
     """Encode + decode of a single-token forward frame and its reply, both sides (ms)."""
     x = torch.randn(1, 1, hidden_size).to(wire_dtype(dtype))
@@ -134,6 +143,8 @@ def run_speed(
         transfer_ms = 0.0 if bandwidth_mbps is None else 1e3 * bytes_step * 8 / (bandwidth_mbps * 1e6)
         bound_ms = rtt + t_unsplit + transfer_ms
         hf_bound_ms = rtt + t_hf + transfer_ms
+        blocks = [statistics.mean(s.total_ms for s in decode[i::4]) for i in range(min(4, len(decode)))]
+        low, high = efficiency_range(bound_ms, max(own) - t_unsplit, blocks)
         parts = {k: statistics.mean(getattr(s, k) for s in decode) for k in
                  ("head_ms", "body_ms", "tail_ms", "codec_ms", "network_ms", "other_ms")}
         rows.append({
@@ -141,6 +152,8 @@ def run_speed(
             "measured_tok_s": 1e3 / step_ms,
             "bound_tok_s": 1e3 / bound_ms,
             "efficiency": bound_ms / step_ms,
+            "efficiency_low": min(low, bound_ms / step_ms),
+            "efficiency_high": max(high, bound_ms / step_ms),
             "transformers_bound_tok_s": 1e3 / hf_bound_ms,
             "efficiency_vs_transformers": hf_bound_ms / step_ms,
             "step_ms": step_ms,

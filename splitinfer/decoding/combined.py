@@ -50,7 +50,7 @@ from splitinfer.errors import SplitInferError
 from splitinfer.timing import StepCostModel
 
 SOURCES = ("suffix", "prompt-lookup", "ngram-pool", "token-recycling", "local-draft", "feature-draft")
-# Training-free defaults (token-recycling: +0.17 tau over the other three, reports/decoding/training_free/);
+# Training-free defaults (token-recycling: +0.14 tau over the other three, reports/decoding/report.txt);
 # local-draft / feature-draft run the model: opt in.
 DEFAULT_SOURCES = ("suffix", "prompt-lookup", "ngram-pool", "token-recycling")
 _DEPTH_BUCKETS = (1, 2, 3, 5, 9)  # 1, 2, 3-4, 5-8, 9+

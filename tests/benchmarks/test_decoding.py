@@ -49,3 +49,37 @@ def test_peers_and_token_recycling_replay_in_a_small_run():
     results["targets"] = targets(summarize(results), results)
     assert any("transformers prompt-lookup" in k for k in results["targets"])
     assert "peers on the unsplit model" in format_report(results)
+
+
+def test_humaneval_and_subset_runs_replay_the_rest(monkeypatch, tmp_path):
+    """Replayable proposers run for real on a subset only, are replayed on every prompt (checked against the
+    subset), HumanEval is its own category outside the mean, and the per-source ablation is in the report."""
+    import benchmarks.decoding as dec
+
+    monkeypatch.setattr(dec, "humaneval_prompts", lambda n: [f"def f{i}(x):\n    return x + {i}" for i in range(n)])
+    sm = SplitModel(load_model("tiny-random"), "2,2", wire_dtype="fp32")
+    results = run_decoding_bench(sm, max_new_tokens=10, prompts_per_category=2, ablation=True, humaneval=2,
+                                 subset_prompts=1, peers=False, refs_out=tmp_path / "refs.pt",
+                                 proposers=["sequential", "suffix", "token-recycling", "combined"])
+    runs = results["runs"]
+    assert len(runs["sequential"]) == len(runs["combined"]) == 10 and not runs["combined"][0].get("replayed")
+    assert len(runs["suffix (real, 1/category)"]) == 5 and all(r["replayed"] for r in runs["suffix"])
+    assert len(runs["suffix"]) == 10 and results["replay_checks"]["suffix"] is True
+    assert results["replay_checks"]["token-recycling"] is True and "ngram-pool" not in runs
+    table = summarize(results)
+    row = table["combined"]["tau"]
+    assert "humaneval" in row and row["mean"] == pytest.approx(sum(row[c] for c in ("code", "structured",
+                                                                                      "creative", "conversational")) / 4)
+    assert {"combined -suffix", "combined only token-recycling", "token-recycling static d6 (paper-like)"} <= set(runs)
+    results["targets"] = targets(table, results)
+    report = format_report(results)
+    assert "per-source ablation" in report and "humaneval" in report
+    import torch
+
+    from benchmarks.decoding_tune import replay_config, table_row
+
+    refs = torch.load(tmp_path / "refs.pt", weights_only=False)  # decoding_tune's replays reproduce the bench's
+    assert len(refs["refs"]) == 10 and len(refs["refs"][0]["output"]) == runs["sequential"][0]["tokens"]
+    per = replay_config(refs, "suffix", {}, {"code"})  # the code prompts come first: the same suffix history
+    assert per["code"] == [(r["tokens"], len(r["steps"])) for r in runs["suffix"][:2]]
+    assert table_row(per, ["code"])["code"] == summarize(results)["suffix"]["tau"]["code"]  # pooled the same way

@@ -1,6 +1,6 @@
 """bench speed on the tiny model: the bound's compute is our own unsplit runtime, transformers beside it."""
 
-from benchmarks.speed import format_speed, own_unsplit_ms_per_token, run_speed
+from benchmarks.speed import efficiency_range, format_speed, own_unsplit_ms_per_token, run_speed
 from splitinfer.client import SplitModel
 from splitinfer.partition import SplitConfig
 
@@ -33,5 +33,11 @@ def test_run_speed_reports_the_own_bound_and_transformers_as_a_reference(tiny):
         assert abs(row["bound_tok_s"] - 1e3 / bound_ms) < 1e-9
         assert abs(row["efficiency"] - row["measured_tok_s"] / row["bound_tok_s"]) < 1e-9
         assert row["transformers_bound_tok_s"] > 0
+        assert row["efficiency_low"] <= row["efficiency"] <= row["efficiency_high"]
     text = format_speed(r)
     assert "our own runtime" in text and "transformers generate (reference)" in text
+
+
+def test_efficiency_range_spans_the_bound_samples_and_the_step_blocks():
+    low, high = efficiency_range(100.0, 10.0, [90.0, 100.0, 125.0])
+    assert low == 100.0 / 125.0 and high == 110.0 / 90.0

@@ -100,8 +100,25 @@ def test_dynamic_tree_is_best_first_by_path_probability():
     assert cands[0].tokens == (2, 4, 9) and cands[0].source == "token-recycling"
 
 
+def test_two_token_keys_learn_pairs_and_draft_from_them_falling_back_to_one_token_rows():
+    tr = TokenRecycling(k=2, key=2, draft_budget=3)
+    tr.begin([4, 6], DecodingEnv(vocab_size=V))
+    tr.update([4, 6], [1], feedback(EMPTY, [], [], logits_for({6: 3.0, 2: 1.0}, {1: 3.0, 8: 2.0}), 2))
+    assert tr.pairs.get((4, 6))[0] == (1, 8) and tr.table.get(6)[0] == (1, 8) and len(tr.pairs) == 1
+    # Context ... 5, 6 then draft 1 -> 2: node 0 accepted; the pair rows are (5, 6) for the root, (6, 1) for node 0
+    draft = Draft((1, 2), (-1, 0))
+    tr.update([5, 6], [1, 7], feedback(draft, [0, 1], [0], logits_for({1: 5.0}, {7: 5.0, 3: 1.0}, {9: 5.0}), 2))
+    assert tr.pairs.get((5, 6))[0][0] == 1 and tr.pairs.get((6, 1))[0] == (7, 3) and tr.pairs.get((1, 2)) == ((), ())
+    tr.pairs.rows[(6, 1)] = ((3,), (0.9,))  # after (6, 1) the pair says 3; after 1 alone the table says 7
+    assert tr.propose([6, 1]).tokens[0] == 3 and tr.propose([0, 1]).tokens[0] == 7
+    tr.table.rows[3] = ((2,), (0.8,))
+    tr.pairs.rows[(1, 3)] = ((5,), (0.8,))
+    d = tr.propose([6, 1])  # below the drafted 3 the pair (1, 3) is used: its parent token is the context's 1
+    assert d.tokens[:2] == (3, 5) and d.parents[:2] == (-1, 0)
+
+
 def test_bad_options_are_one_line_errors():
-    for bad in ({"tree": "bushy"}, {"learn": "some"}, {"k": 0}, {"min_prob": 1.5}):
+    for bad in ({"tree": "bushy"}, {"learn": "some"}, {"k": 0}, {"min_prob": 1.5}, {"key": 3}):
         with pytest.raises(SplitInferError):
             make_proposer("token-recycling", **bad)
 
@@ -114,11 +131,11 @@ def sm(tiny):
 PROMPT = "def f(x):\n    return x\ndef g(x):\n    return x\ndef h(x):\n    return"
 
 
-@pytest.mark.parametrize("learn", ["committed", "all"])
-def test_table_carries_over_and_stays_exact_with_eos_inside_drafts(sm, tiny, monkeypatch, learn):
+@pytest.mark.parametrize("learn,key", [("committed", 1), ("all", 1), ("committed", 2)])
+def test_table_carries_over_and_stays_exact_with_eos_inside_drafts(sm, tiny, monkeypatch, learn, key):
     ids = sm.encode_prompt(PROMPT)
     full = sm.generate(ids, 40, stop_on_eos=False).token_ids
-    tr = TokenRecycling(k=4, draft_budget=16, learn=learn)
+    tr = TokenRecycling(k=4, draft_budget=16, learn=learn, key=key)
     warm = sm.generate(ids, 40, stop_on_eos=False, decoding=tr)  # hot start: the table now knows the output
     assert warm.token_ids == full and len(tr.table) > 0
     monkeypatch.setattr(tiny.model.generation_config, "eos_token_id", full[9])
@@ -128,9 +145,10 @@ def test_table_carries_over_and_stays_exact_with_eos_inside_drafts(sm, tiny, mon
     assert len(res.steps) < len(ref.steps)  # the recycled candidates were accepted, EOS among them
 
 
-def test_replay_with_the_models_top_tokens_matches_the_real_run(sm, tiny):
+@pytest.mark.parametrize("key", [1, 2])
+def test_replay_with_the_models_top_tokens_matches_the_real_run(sm, tiny, key):
     ids = sm.encode_prompt(PROMPT)
-    real_tr, replay_tr = TokenRecycling(k=4), TokenRecycling(k=4)
+    real_tr, replay_tr = TokenRecycling(k=4, key=key), TokenRecycling(k=4, key=key)
     res = sm.generate(ids, 40, stop_on_eos=False, decoding=real_tr)
     topk = top_tokens_of(tiny.model, ids, res.token_ids, 4)
     env = DecodingEnv(vocab_size=int(tiny.model.config.vocab_size), max_new_tokens=40)
