@@ -10,15 +10,17 @@ documents, paired bootstrap differences against the probe):
 1. the probe baseline (``linear-probe``, the study's options);
 2. ``seq-decoder`` as in the study (skip path frozen after its probe warm start);
 3. ``seq-decoder`` with ``freeze_skip=False`` and a longer schedule;
-4. more training data: ``linear-probe`` and the unfrozen ``seq-decoder`` at
-   ``scales`` x the study's training tokens per corpus;
-5. ``lm-beam`` (the public model as a language prior, beam search) over the
-   best learned attacker of the largest scale, with the base attacker's
-   top-``candidates`` accuracy: the ceiling of any re-ranking;
-6. the full-vocabulary head (``output=tied``) of the probe at the largest scale,
-   with coverage.
+4. the full-vocabulary head (``output=tied``) of the probe, with coverage, at
+   the smallest scale (where coverage is lowest; the probe of row 1 is its pair);
+5. more training data: ``linear-probe`` and the unfrozen ``seq-decoder`` at
+   ``scales`` x the study's training tokens per corpus, each followed by
+   6. ``lm-beam`` (the public model as a language prior, beam search) over it at
+   the largest scale, with the base attacker's top-``candidates`` accuracy:
+   the ceiling of any re-ranking.
 
-Run (about 15-20 minutes on two CPU cores with scales 1,4)::
+Rows run in this order; ``results.json`` and ``report.md`` are rewritten after
+every row, so an interrupted run keeps the rows it finished. Run (about 15
+minutes on two CPU cores with scales 1,4)::
 
     OMP_NUM_THREADS=2 python -m benchmarks.attacks_learned --out reports/attacks_learned --scales 1,4
 
@@ -32,6 +34,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -41,7 +44,7 @@ from benchmarks.attacks_depth import StudyConfig, grid_config
 
 log = logging.getLogger(__name__)
 
-LONG = {"epochs": 30, "patience": 4, "freeze_skip": False}  # the unfrozen seq-decoder's longer schedule
+LONG = {"epochs": 16, "patience": 3, "freeze_skip": False}  # the unfrozen seq-decoder's longer schedule
 
 
 @dataclass(frozen=True)
@@ -72,18 +75,23 @@ def rows(cfg: AblationConfig) -> list[Row]:
     opts = cfg.study.hparams
     probe, seq, long = dict(opts["linear-probe"]), dict(opts["seq-decoder"]), {**opts["seq-decoder"], **cfg.long}
     top = max(cfg.scales)
-    out = [Row("probe baseline (linear-probe)", "linear-probe", {"linear-probe": probe}, 1),
-           Row("seq-decoder as in the study (skip frozen)", "seq-decoder", {"seq-decoder": seq}, 1),
-           Row("seq-decoder, freeze_skip=False, longer schedule", "seq-decoder", {"seq-decoder": long}, 1)]
-    for s in sorted(set(cfg.scales) - {1}):
-        out += [Row(f"linear-probe, {s}x data", "linear-probe", {"linear-probe": probe}, s),
-                Row(f"seq-decoder, freeze_skip=False, {s}x data", "seq-decoder", {"seq-decoder": long}, s)]
+    low = min(cfg.scales)
+    out = [Row(f"probe baseline (linear-probe), {low}x data", "linear-probe", {"linear-probe": probe}, low),
+           Row(f"seq-decoder as in the study (skip frozen), {low}x data", "seq-decoder", {"seq-decoder": seq}, low),
+           Row(f"seq-decoder, freeze_skip=False, longer schedule, {low}x data", "seq-decoder",
+               {"seq-decoder": long}, low),
+           Row(f"full-vocabulary head (linear-probe, output=tied), {low}x data", "linear-probe",
+               {"linear-probe": {**probe, "output": "tied"}}, low)]
     beam = {"candidates": cfg.candidates, "beam": cfg.beam, "lams": list(cfg.lams)}
-    for base, base_opts in (("linear-probe", probe), ("seq-decoder", long)):
-        out.append(Row(f"+ LM-prior beam over {base}{'' if base == 'linear-probe' else ' (freeze_skip=False)'}, "
-                       f"{top}x data", "lm-beam", {"lm-beam": {**beam, "base": base}, base: base_opts}, top))
-    out.append(Row(f"full-vocabulary head (linear-probe, output=tied), {top}x data", "linear-probe",
-                   {"linear-probe": {**probe, "output": "tied"}}, top))
+    for s in sorted(set(cfg.scales) - {low}):
+        out.append(Row(f"linear-probe, {s}x data", "linear-probe", {"linear-probe": probe}, s))
+    out.append(Row(f"+ LM-prior beam over linear-probe, {top}x data", "lm-beam",
+                   {"lm-beam": {**beam, "base": "linear-probe"}, "linear-probe": probe}, top))
+    for s in sorted(set(cfg.scales) - {low}):
+        out.append(Row(f"seq-decoder, freeze_skip=False, longer schedule, {s}x data", "seq-decoder",
+                       {"seq-decoder": long}, s))
+    out.append(Row(f"+ LM-prior beam over seq-decoder (freeze_skip=False), {top}x data", "lm-beam",
+                   {"lm-beam": {**beam, "base": "seq-decoder"}, "seq-decoder": long}, top))
     return out
 
 
@@ -91,9 +99,12 @@ def _key(scale: int, name: str, options: dict[str, Any]) -> str:
     return json.dumps([scale, name, options], sort_keys=True, default=str)
 
 
-def run_ablation(cfg: AblationConfig, only: list[int] | None = None) -> dict[str, Any]:
-    """Fit and score every row (or the rows numbered ``only``, 1-based); returns config, rows and timing."""
-    from attacks.base import Inversion
+def run_ablation(cfg: AblationConfig, only: list[int] | None = None,
+                 on_row: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Fit and score every row (or the rows numbered ``only``, 1-based) in order; returns config, rows and timing.
+
+    ``on_row`` gets the partial result (same shape) after every row.
+    """
     from attacks.evaluate import collect, prior_from_taps
     from splitinfer.models import load_model
 
@@ -102,42 +113,50 @@ def run_ablation(cfg: AblationConfig, only: list[int] | None = None) -> dict[str
     boundary = f"head:{cfg.depth}"
     todo = [r for i, r in enumerate(rows(cfg), 1) if only is None or i in only]
     fitted_by: dict[str, Any] = {}  # (scale, recipe, options) -> fitted attacker, shared by lm-beam rows
-    out, sizes, extract_s = [], {}, {}
-    for scale in sorted({r.scale for r in todo}):
+    out, sizes, extract_s, datas = [], {}, {}, {}
+
+    def result() -> dict[str, Any]:
+        return {"config": {**asdict(cfg), "model_sha256": loaded.sha256, "boundary": boundary, "sizes": sizes},
+                "rows": out, "timing": {"extract_seconds": extract_s,
+                                        "total_seconds": round(time.perf_counter() - t_start, 1)}}
+
+    for row in todo:
+        scale = row.scale
         study = replace(cfg.study, head_depths=(cfg.depth,), tail_layers=(), seed=cfg.seed,
                         train_tokens=cfg.study.train_tokens * scale)
-        t = time.perf_counter()
-        data = extract(loaded, grid_config(study))
-        extract_s[scale] = round(time.perf_counter() - t, 1)
-        sizes[scale] = {"train_tokens": data.train[boundary].n_tokens, "val_tokens": data.val[boundary].n_tokens,
-                        "test_tokens": data.test[boundary].n_tokens,
-                        "test_documents": len(set(data.test[boundary].seq_doc.tolist()))}
-        for row in [r for r in todo if r.scale == scale]:
-            grid = replace(grid_config(study), attacks=(row.name,), options=row.options)
-            fitted = {(boundary, n): fitted_by[_key(scale, n, o)] for n, o in row.options.items()
-                      if n != row.name and _key(scale, n, o) in fitted_by}
+        if scale not in datas:
             t = time.perf_counter()
-            job_rows = run_job(loaded, grid, data, Job(row.name, row.name, {}, boundary, cfg.depth), fitted)
-            rec = {"label": row.label, "name": row.name, "options": row.options, "scale": row.scale,
-                   **{k: job_rows[0][k] for k in ("threat_model", "metrics", "fit_seconds", "invert_seconds",
-                                                   "train_tokens", "test_tokens", "info", "doc_top1")},
-                   "per_corpus_top1": {r["corpus"]: r["metrics"]["token_acc_top1"]["value"] for r in job_rows[1:]},
-                   "seconds": round(time.perf_counter() - t, 1)}
-            atk = fitted[(boundary, row.name)]
-            fitted_by[_key(scale, row.name, row.options[row.name])] = atk
-            if row.name == "lm-beam":  # the ceiling of re-ranking: the base's top-K accuracy on user text
-                test = data.test[boundary]
-                inv = atk.base.invert(test, k=cfg.candidates)
-                summary = collect(Inversion(inv.tokens, inv.topk, inv.scores), test,
-                                  vocab_size=int(loaded.config.vocab_size), prior=prior_from_taps(data.train[boundary]),
-                                  ks=(1, cfg.candidates), n_boot=cfg.study.n_boot, seed=cfg.seed).summarize()
-                rec["base_candidates_topk"] = summary[f"token_acc_top{cfg.candidates}"]
-                rec["base_top1"] = summary["token_acc_top1"]
-            out.append(rec)
-            log.info("%s: top-1 %.3f (%.0f s)", row.label, rec["metrics"]["token_acc_top1"]["value"], rec["seconds"])
-    return {"config": {**asdict(cfg), "model_sha256": loaded.sha256, "boundary": boundary, "sizes": sizes},
-            "rows": out, "timing": {"extract_seconds": extract_s,
-                                    "total_seconds": round(time.perf_counter() - t_start, 1)}}
+            datas[scale] = data = extract(loaded, grid_config(study))
+            extract_s[scale] = round(time.perf_counter() - t, 1)
+            sizes[scale] = {"train_tokens": data.train[boundary].n_tokens, "val_tokens": data.val[boundary].n_tokens,
+                            "test_tokens": data.test[boundary].n_tokens,
+                            "test_documents": len(set(data.test[boundary].seq_doc.tolist()))}
+        data = datas[scale]
+        grid = replace(grid_config(study), attacks=(row.name,), options=row.options)
+        fitted = {(boundary, n): fitted_by[_key(scale, n, o)] for n, o in row.options.items()
+                  if n != row.name and _key(scale, n, o) in fitted_by}
+        t = time.perf_counter()
+        job_rows = run_job(loaded, grid, data, Job(row.name, row.name, {}, boundary, cfg.depth), fitted)
+        rec = {"label": row.label, "name": row.name, "options": row.options, "scale": row.scale,
+               **{k: job_rows[0][k] for k in ("threat_model", "metrics", "fit_seconds", "invert_seconds",
+                                               "train_tokens", "test_tokens", "info", "doc_top1")},
+               "per_corpus_top1": {r["corpus"]: r["metrics"]["token_acc_top1"]["value"] for r in job_rows[1:]},
+               "seconds": round(time.perf_counter() - t, 1)}
+        atk = fitted[(boundary, row.name)]
+        fitted_by[_key(scale, row.name, row.options[row.name])] = atk
+        if row.name == "lm-beam":  # the ceiling of re-ranking: the base's top-K accuracy on user text
+            test = data.test[boundary]
+            inv = atk.base.invert(test, k=cfg.candidates)
+            summary = collect(inv, test,
+                              vocab_size=int(loaded.config.vocab_size), prior=prior_from_taps(data.train[boundary]),
+                              ks=(1, cfg.candidates), n_boot=cfg.study.n_boot, seed=cfg.seed).summarize()
+            rec["base_candidates_topk"] = summary[f"token_acc_top{cfg.candidates}"]
+            rec["base_top1"] = summary["token_acc_top1"]
+        out.append(rec)
+        log.info("%s: top-1 %.3f (%.0f s)", row.label, rec["metrics"]["token_acc_top1"]["value"], rec["seconds"])
+        if on_row is not None:
+            on_row(result())
+    return result()
 
 
 def to_results(ab: dict[str, Any]) -> dict[str, Any]:
@@ -197,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         if any(s < 1 for s in args.scales) or args.depth < 1:
             raise SplitInferError(f"--scales {args.scales} / --depth {args.depth}: give integers >= 1")
         cfg = AblationConfig(model=args.model, depth=args.depth, scales=tuple(args.scales), seed=args.seed)
-        ab = run_ablation(cfg, list(args.rows) if args.rows else None)
+        ab = run_ablation(cfg, list(args.rows) if args.rows else None,
+                          on_row=lambda partial: write_outputs(partial, args.out, command))
         paths = write_outputs(ab, args.out, command)
     except (SplitInferError, AttackError) as e:
         print(f"error: {e}", file=sys.stderr)
