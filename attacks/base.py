@@ -12,12 +12,13 @@ from states of several depths), both subclasses of :class:`Attack`, declares
   attacker against a victim whose local layers were changed privately
   (:func:`benchmarks.attack_grid.row_threat_model`);
 - options the harness reads instead of naming recipes: ``proposer_recipe`` (another
-  recipe whose fitted top-k this one tries first, via ``set_proposer``),
+  recipe whose fitted top-k this one tries first, via ``set_proposer``;
+  :meth:`Attack.proposer_of` when it depends on the options, as ``lm-beam``'s ``base``),
   ``scoring`` (``all`` test tokens or, for costly attacks, sequence
   ``prefixes``) and ``reads`` (``current``: the token whose state it sees;
   ``next``: the token generated from that state);
 - ``requires``: what it needs, from :data:`REQUIREMENTS` (``pairs``,
-  ``embedding``, ``head_weights``, ``tail_weights``, ``lm_head``);
+  ``embedding``, ``head_weights``, ``tail_weights``, ``lm_head``, ``language_model``);
 - ``boundary_side``: ``head`` (states the cloud receives), ``tail`` (states it
   returns) or ``any``;
 - ``defaults``: its hyper-parameters and their default values,
