@@ -54,7 +54,7 @@ class LMPriorBeam(InversionAttack):
     requires = frozenset({"pairs", "language_model"})
     boundary_side = "head"
     defaults = {"base": "linear-probe", "base_options": {}, "candidates": 8, "beam": 4, "lam": "auto",
-                "lams": [0.25, 0.5, 1.0], "val_tokens": 2000, "batch_sequences": 16}
+                "lams": [0.25, 0.5, 1.0], "val_tokens": 2000, "batch_sequences": 48}
 
     def __init__(self, **kwargs: Any):
         nested = {k[5:]: kwargs.pop(k) for k in list(kwargs) if k.startswith("base.")}  # base.KEY=VALUE options
@@ -142,14 +142,16 @@ class LMPriorBeam(InversionAttack):
         return inv.topk, logp
 
     def _decode(self, taps: Taps, cand: np.ndarray, logp: np.ndarray, lam: float) -> np.ndarray:
-        """(N,) best-path tokens of ``taps`` under weight ``lam``, ``batch_sequences`` sequences at a time."""
+        """(N,) best-path tokens of ``taps`` under weight ``lam``, ``batch_sequences`` sequences of similar length at
+        a time (R = batch_sequences x beam rows of the LM and its KV cache)."""
         kk = logp.shape[1]
         starts, lens = taps.seq_starts(), np.asarray(taps.seq_lengths)
         out = np.empty(taps.n_tokens, dtype=np.int64)
         lm = self._prior()
         step = int(self.hparams["batch_sequences"])
+        by_length = np.argsort(-lens, kind="stable")  # batches of similar lengths: little padding
         for a in range(0, len(taps), step):
-            seqs = np.arange(a, min(a + step, len(taps)))
+            seqs = by_length[a: a + step]
             t_n = int(lens[seqs].max())
             ids = np.zeros((len(seqs), t_n, kk), dtype=np.int64)  # (S, T, K)
             lp = np.zeros((len(seqs), t_n, kk), dtype=np.float32)

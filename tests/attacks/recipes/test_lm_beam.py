@@ -127,3 +127,14 @@ def test_the_causal_prior_matches_a_full_forward_after_reordering(tiny) -> None:
     with torch.no_grad():
         full = torch.log_softmax(tiny.model(torch.cat([torch.full((2, 1), 257), seqs[:, :2]], 1)).logits[:, -1], -1)
     assert torch.allclose(got, full, atol=1e-4)
+
+
+def test_batching_of_sequences_does_not_change_the_paths(tiny, taps) -> None:
+    train, _, test = taps
+    base = make_attack("linear-probe", model=tiny, epochs=3, lr=0.01, backoff="none").fit(train)
+    paths = []
+    for batch in (3, 48):
+        atk = make_attack("lm-beam", model=tiny, lam=0.5, candidates=4, beam=2, batch_sequences=batch)
+        atk.set_proposer(base)
+        paths.append(atk.fit(train).invert(test).tokens)
+    assert np.array_equal(*paths)
