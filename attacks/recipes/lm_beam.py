@@ -138,7 +138,8 @@ class LMPriorBeam(InversionAttack):
         """(N, max(K, k)) candidate ids of the base attacker and (N, K) log-probs renormalised over the top K."""
         kk = int(self.hparams["candidates"])
         inv = self.base.invert(taps, k=max(kk, k))
-        logp = torch.log_softmax(torch.from_numpy(inv.scores[:, :kk]).double(), dim=1).float().numpy()
+        scores = np.where(np.isfinite(inv.scores[:, :kk]), inv.scores[:, :kk], -1e9)  # no NaN / inf in the beam
+        logp = torch.log_softmax(torch.from_numpy(scores).double(), dim=1).float().numpy()
         return inv.topk, logp
 
     def _decode(self, taps: Taps, cand: np.ndarray, logp: np.ndarray, lam: float) -> np.ndarray:
