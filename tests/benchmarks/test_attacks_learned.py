@@ -25,7 +25,7 @@ def test_ablation_rows_scores_and_report(tmp_path: Path, monkeypatch: pytest.Mon
     cfg = AblationConfig(model="tiny-random", depth=2, scales=(1, 2), long={"epochs": 2, "freeze_skip": False},
                          candidates=4, beam=2, lams=(0.5,), study=study)
     labels = [r.label for r in rows(cfg)]
-    assert len(labels) == 8 and labels[0].startswith("probe baseline") and "output=tied" in labels[3]
+    assert len(labels) == 9 and labels[0].startswith("probe baseline") and "output=tied" in labels[3]
     ab = run_ablation(cfg)
     assert [r["label"] for r in ab["rows"]] == labels
     assert all(r["threat_model"] == "white-box (learned)" for r in ab["rows"])
@@ -34,9 +34,10 @@ def test_ablation_rows_scores_and_report(tmp_path: Path, monkeypatch: pytest.Mon
     assert len(beam) == 2 and all(r["base_candidates_topk"]["value"] >= r["base_top1"]["value"] for r in beam)
     assert ab["rows"][3]["info"]["output"] == "tied" and "coverage" in ab["rows"][3]["metrics"]
     assert ab["rows"][3]["train_tokens"] == ab["rows"][0]["train_tokens"]  # the tied head's pair is row 1
+    assert beam[0]["options"]["linear-probe"]["output"] == "tied"  # the beam over the full-vocabulary probe
     json_path, md_path = write_outputs(ab, tmp_path / "out", "python -m benchmarks.attacks_learned --out X")
     results = load(json_path)
-    assert results["suite"] == "attacks-learned" and len(results["rows"]) == 8
+    assert results["suite"] == "attacks-learned" and len(results["rows"]) == 9
     text = md_path.read_text(encoding="utf-8")
     assert "Goal: the best learned attacker" in text and "Data curve, linear-probe" in text
 
