@@ -12,12 +12,13 @@ from states of several depths), both subclasses of :class:`Attack`, declares
   attacker against a victim whose local layers were changed privately
   (:func:`benchmarks.attack_grid.row_threat_model`);
 - options the harness reads instead of naming recipes: ``proposer_recipe`` (another
-  recipe whose fitted top-k this one tries first, via ``set_proposer``),
+  recipe whose fitted top-k this one tries first, via ``set_proposer``;
+  :meth:`Attack.proposer_of` when it depends on the options, as ``lm-beam``'s ``base``),
   ``scoring`` (``all`` test tokens or, for costly attacks, sequence
   ``prefixes``) and ``reads`` (``current``: the token whose state it sees;
   ``next``: the token generated from that state);
 - ``requires``: what it needs, from :data:`REQUIREMENTS` (``pairs``,
-  ``embedding``, ``head_weights``, ``tail_weights``, ``lm_head``);
+  ``embedding``, ``head_weights``, ``tail_weights``, ``lm_head``, ``language_model``);
 - ``boundary_side``: ``head`` (states the cloud receives), ``tail`` (states it
   returns) or ``any``;
 - ``defaults``: its hyper-parameters and their default values,
@@ -66,11 +67,12 @@ REQUIREMENTS = {
     "head_weights": "the exact weights of the local head layers (published weights)",
     "tail_weights": "the exact weights of the local tail layers (published weights)",
     "lm_head": "the public base model's final norm and LM head",
+    "language_model": "the public base model run forward as a language-model prior over text (never inverted)",
 }
 FORMAT_VERSION = 1
 CONFIG_NAME = "config.json"
 TENSORS_NAME = "attack.safetensors"
-_WEIGHT_NEEDS = frozenset({"embedding", "head_weights", "tail_weights", "lm_head"})
+_WEIGHT_NEEDS = frozenset({"embedding", "head_weights", "tail_weights", "lm_head", "language_model"})
 
 
 @dataclass
@@ -136,6 +138,11 @@ class Attack(ABC):
         return {"name": cls.name, "threat_model": cls.threat_model, "requires": sorted(cls.requires),
                 "boundary_side": cls.boundary_side, "summary": doc[0] if doc else "", "defaults": dict(cls.defaults)}
 
+    @classmethod
+    def proposer_of(cls, hparams: dict[str, Any]) -> str | None:
+        """The recipe whose fitted attacker this one takes through ``set_proposer`` under ``hparams`` (None: none)."""
+        return cls.proposer_recipe
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, boundary={self.meta.get('boundary')}, fitted={self.fitted})"
 
@@ -199,13 +206,11 @@ class Attack(ABC):
         identity = {"recipe": self.name, **self.meta.get("run", {})}
         guard_overwrite(directory / CONFIG_NAME, identity, "run_identity", force, "an attack checkpoint",
                         AttackError)
-        tensors, state = self._state()
+        tensors, cfg = self.parts()
         tensors = {k: (v if isinstance(v, torch.Tensor) else torch.as_tensor(np.asarray(v))).contiguous()
                    for k, v in tensors.items()}
         if not tensors:
             tensors = {"_empty": torch.zeros(0)}
-        cfg = self.config()
-        cfg["state"] = _jsonable(state)
         cfg["run_identity"] = identity
         (directory / CONFIG_NAME).unlink(missing_ok=True)  # until the new config lands, this is no checkpoint
         with atomic_file(directory / TENSORS_NAME) as tmp:
@@ -222,18 +227,6 @@ class Attack(ABC):
         :func:`attacks.registry.load_attack` to load a checkpoint of any recipe
         (this module does not import the registry: no cycle).
         """
-        klass = cls
-        meta = cfg.get("meta", {})
-        if model is not None and meta.get("model_sha256") and model.sha256 != meta["model_sha256"]:
-            raise AttackError(f"model mismatch: checkpoint {directory} was trained on {meta.get('model')} (sha256 "
-                              f"{meta['model_sha256'][:12]}...) but the model given is {model.spec} (sha256 "
-                              f"{model.sha256[:12]}...); load the checkpoint's model")
-        try:
-            attack = klass(model=model, seed=cfg.get("seed", 0), **cfg.get("hparams", {}))
-        except TypeError as e:
-            raise AttackError(f"checkpoint {directory} has bad hyper-parameters ({e}); retrain it") from None
-        attack.meta.update(meta)
-        attack.fit_report = dict(cfg.get("fit_report", {}))
         try:
             from safetensors.torch import load_file
 
@@ -241,10 +234,35 @@ class Attack(ABC):
         except Exception as e:  # safetensors raises several types on corrupt files
             raise AttackError(f"checkpoint {directory}/{TENSORS_NAME} is unreadable or not safetensors ({e}); "
                               "retrain the attack or restore the file") from None
+        return cls.from_parts(cfg, tensors, model=model, where=f"checkpoint {directory}")
+
+    def parts(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(tensors, config with its ``state``) of the fitted attack: what :meth:`save` writes, for an attack
+        that holds another inside its own checkpoint (rebuilt by :meth:`from_parts`)."""
+        tensors, state = self._state()
+        cfg = self.config()
+        cfg["state"] = _jsonable(state)
+        return tensors, cfg
+
+    @classmethod
+    def from_parts(cls, cfg: dict[str, Any], tensors: dict[str, Any], model: Any = None,
+                   where: str = "the checkpoint") -> Attack:
+        """Rebuild this recipe from a config (with ``state``) and its tensors (see :meth:`parts`)."""
+        meta = cfg.get("meta", {})
+        if model is not None and meta.get("model_sha256") and model.sha256 != meta["model_sha256"]:
+            raise AttackError(f"model mismatch: {where} was trained on {meta.get('model')} (sha256 "
+                              f"{meta['model_sha256'][:12]}...) but the model given is {model.spec} (sha256 "
+                              f"{model.sha256[:12]}...); load the checkpoint's model")
+        try:
+            attack = cls(model=model, seed=cfg.get("seed", 0), **cfg.get("hparams", {}))
+        except TypeError as e:
+            raise AttackError(f"{where} has bad hyper-parameters ({e}); retrain it") from None
+        attack.meta.update(meta)
+        attack.fit_report = dict(cfg.get("fit_report", {}))
         try:
             attack._load_state(tensors, cfg.get("state", {}))
         except (KeyError, RuntimeError, ValueError) as e:
-            raise AttackError(f"checkpoint {directory} does not match recipe {cfg['recipe']!r} ({e}); it is "
+            raise AttackError(f"{where} does not match recipe {cfg['recipe']!r} ({e}); it is "
                               "corrupt or from another version: retrain the attack") from None
         attack.fitted = True
         return attack

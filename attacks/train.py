@@ -69,6 +69,7 @@ def cmd_train(args) -> int:
     loaded = model.load()
     for b in boundaries:
         b.validate(loaded.num_layers)
+    attack = klass(model=loaded, seed=model.seed, **hparams)  # bad options fail here, before any extraction
     extract = dict(max_length=args.max_length, batch_size=args.extract_batch_size, seed=model.seed,
                    progress=main and not args.json)
     first = acc.main_process_first() if acc is not None else contextlib.nullcontext()
@@ -82,7 +83,6 @@ def cmd_train(args) -> int:
     own = attacker_view(defense_from_args(args))  # adaptive: trains on its own defended pairs (public weights)
     train = {k: defend_taps(as_taps(v), own) for k, v in train.items()} if not own.is_none else train
     val = {k: defend_taps(as_taps(v), own) for k, v in val.items()} if val and not own.is_none else val
-    attack = klass(model=loaded, seed=model.seed, **hparams)
     trainer = TrainConfig(checkpoint_dir=str(out / "checkpoints"), resume=not args.no_resume,
                           progress=main and not args.json)
     if depth_id:

@@ -122,6 +122,12 @@ class Job:
     depth: int
 
 
+def _proposer(cfg: GridConfig, name: str) -> str | None:
+    """The recipe whose fitted attacker the grid name ``name`` takes through ``set_proposer`` (None: none)."""
+    recipe, fixed = ALIASES.get(name, (name, {}))
+    return get_attack_class(recipe).proposer_of({**cfg.options.get(name, {}), **fixed})
+
+
 def boundaries(cfg: GridConfig) -> list[str]:
     return [f"head:{a}" for a in cfg.head_depths] + [f"tail:{b}" for b in cfg.tail_layers]
 
@@ -222,7 +228,7 @@ def plan(cfg: GridConfig, depth_of: dict[str, int]) -> list[Job]:
     """Every (attacker, boundary) job of the grid the attacker's boundary side admits (depth identifiers apart)."""
     jobs = []
     # attackers that use another's fitted top-k go last, so that the grid's own fit of that helper is reused
-    names = sorted(cfg.attacks, key=lambda n: get_attack_class(ALIASES.get(n, (n, {}))[0]).proposer_recipe is not None)
+    names = sorted(cfg.attacks, key=lambda n: _proposer(cfg, n) is not None)
     for b, depth in depth_of.items():
         for name in names:
             recipe, fixed = ALIASES.get(name, (name, {}))
@@ -270,10 +276,11 @@ def job_key(cfg: GridConfig, job: Job, data: GridData, model_sha256: str) -> str
     shared = {k: v for k, v in asdict(cfg).items() if k not in ("attacks", "options", "prefix_depths")}
     cls = get_attack_class(job.recipe)
     recipes, hparams = [job.recipe], {job.name: {**cls.defaults, **cfg.options.get(job.name, {}), **job.fixed}}
-    if cls.proposer_recipe:
-        helper = get_attack_class(cls.proposer_recipe)
-        recipes.append(cls.proposer_recipe)
-        hparams[cls.proposer_recipe] = {**helper.defaults, **cfg.options.get(cls.proposer_recipe, {})}
+    proposer = _proposer(cfg, job.name)
+    if proposer:
+        helper = get_attack_class(proposer)
+        recipes.append(proposer)
+        hparams[proposer] = {**helper.defaults, **cfg.options.get(proposer, {})}
     text = json.dumps({**shared, "job": job.name, "boundary": job.boundary, "hparams": hparams,
                        "model_sha256": model_sha256, "data": data_hash(data, job.boundary),
                        "code": source_hash(recipes)}, sort_keys=True, default=str)
@@ -307,7 +314,7 @@ def run_job(loaded: Any, cfg: GridConfig, data: GridData, job: Job, fitted: dict
 
     b, vocab = job.boundary, int(loaded.config.vocab_size)
     atk = _build(loaded, cfg, job.name, job.recipe, job.fixed)
-    helper = type(atk).proposer_recipe
+    helper = _proposer(cfg, job.name)
     if helper:  # its top-k goes first; fitted now unless this grid fitted it already
         if (b, helper) not in fitted:
             fitted[(b, helper)] = _fit(_build(loaded, cfg, helper, helper, {}), data, b)

@@ -13,7 +13,10 @@
   tokens seen fewer than ``min_count`` times train an ``<unk>`` class whose
   mass -- mixed with an embedding-space route -- goes to the rest of the full
   vocabulary (:mod:`attacks.recipes._backoff`); without it, unseen tokens are
-  never guessed. The returned guesses are token ids of the full vocabulary;
+  never guessed. The returned guesses are token ids of the full vocabulary.
+  With ``output=tied`` the network instead ends in the public embedding
+  matrix and scores every token of the vocabulary (:mod:`attacks.recipes._tied`;
+  no backoff then);
 - trains with :func:`attacks.trainer.fit_module` (AdamW, early stopping on
   validation top-1, checkpoints, resume, DDP), token rows or whole sequences
   (``sequence_level``) as items;
@@ -66,7 +69,8 @@ class TokenClassifier(InversionAttack):
     sequence_level: ClassVar[bool] = False
     n_heads: ClassVar[int] = 1
     defaults: ClassVar[dict[str, Any]] = {"epochs": 10, "lr": 2e-3, "batch_size": 256, "weight_decay": 0.0,
-                                          "clip": 10.0, "device": "auto", "backoff": "auto", "min_count": 2}
+                                          "clip": 10.0, "device": "auto", "backoff": "auto", "min_count": 2,
+                                          "output": "restricted", "negatives": 4096}
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
@@ -77,6 +81,17 @@ class TokenClassifier(InversionAttack):
         if self.hparams["backoff"] not in ("auto", "embed", "none"):
             raise AttackError(f"backoff={self.hparams['backoff']!r}; choose auto (embed when a model is given), "
                               "embed or none")
+        if self.hparams["output"] not in ("restricted", "tied"):
+            raise AttackError(f"output={self.hparams['output']!r}; choose restricted (one row per training token) "
+                              "or tied (every token, through the public embedding matrix)")
+        if self.tied and self.n_heads != 1:
+            raise AttackError(f"attack {self.name!r} has {self.n_heads} output heads; output=tied supports one; "
+                              "use output=restricted")
+
+    @property
+    def tied(self) -> bool:
+        """Whether the output is tied to the embedding matrix (full vocabulary, :mod:`attacks.recipes._tied`)."""
+        return self.hparams["output"] == "tied"
 
     @property
     def unk(self) -> bool:
@@ -137,7 +152,7 @@ class TokenClassifier(InversionAttack):
         ids, counts = np.unique(y_full[y_full != IGNORE], return_counts=True)
         if ids.size == 0:
             raise AttackError(f"attack {self.name!r}: the training taps hold no targets; give more tokens")
-        mode = hp["backoff"]
+        mode = "none" if self.tied else hp["backoff"]
         if mode == "embed" or (mode == "auto" and self.model is not None and self.n_heads == 1):
             from attacks.recipes import _backoff
 
@@ -146,10 +161,16 @@ class TokenClassifier(InversionAttack):
                                   "supports one; use backoff=none")
             self.backoff = _backoff.fit_backoff(self._need_embedding(), train, val, self.seed)
             ids = ids[counts >= int(hp["min_count"])] if (counts >= int(hp["min_count"])).any() else ids
+        if self.tied:  # a sampled softmax while training: seen tokens and drawn negatives
+            from attacks.recipes._tied import training_ids
+
+            ids = training_ids(ids, self._vocab_size(), int(hp["negatives"]), self.seed)
         self.vocab = ids  # (V_r,) known tokens; with the backoff, class V_r is <unk>
         y = torch.from_numpy(self._map(y_full))  # (N, H) restricted ids / <unk> / IGNORE
         x = self._prepare(train)  # (N, d)
-        self.module = self._build(train.hidden_size, len(self.vocab) + int(self.unk)).to(self._device())
+        self.module = self._make_module(train.hidden_size, len(self.vocab)).to(self._device())
+        if self.tied:
+            self.module.proj.ids = torch.from_numpy(self.vocab)
         ce = nn.CrossEntropyLoss(ignore_index=IGNORE)
         self._warm_start(self.module, x, y, trainer)
         if self.sequence_level:
@@ -181,7 +202,11 @@ class TokenClassifier(InversionAttack):
         report = fit_module(self.module, n_items, loss_fn, epochs=hp["epochs"], lr=hp["lr"],
                             batch_size=hp["batch_size"], weight_decay=hp["weight_decay"], seed=self.seed,
                             val_fn=val_fn, cfg=trainer, tag=self.name)
-        self.fit_report.update(report, restricted_vocab=int(len(self.vocab)), backoff="embed" if self.unk else "none")
+        self.fit_report.update(report, restricted_vocab=int(len(self.vocab)), backoff="embed" if self.unk else "none",
+                               output=hp["output"])
+        if self.tied:  # score every token of the vocabulary from now on
+            self.module.proj.ids = None
+            self.vocab = np.arange(self._vocab_size(), dtype=np.int64)
         if self.unk and val is not None:
             from attacks.recipes import _backoff
 
@@ -223,9 +248,27 @@ class TokenClassifier(InversionAttack):
 
     def _need_embedding(self) -> Any:
         if self.model is None:
-            raise AttackError(f"attack {self.name!r} with backoff=embed needs the model's embedding matrix; pass "
-                              "model=load_model(<spec>) or use backoff=none")
+            what = "output=tied" if self.tied else "backoff=embed"
+            raise AttackError(f"attack {self.name!r} with {what} needs the model's embedding matrix; pass "
+                              f"model=load_model(<spec>) or use {'output=restricted' if self.tied else 'backoff=none'}")
         return self.model
+
+    def _embedding(self) -> torch.Tensor:
+        from attacks.recipes._tied import embedding_matrix
+
+        return embedding_matrix(self._need_embedding())  # (V, d_e)
+
+    def _vocab_size(self) -> int:
+        return int(self._embedding().shape[0])
+
+    def _make_module(self, d_in: int, n_classes: int) -> nn.Module:
+        """The recipe's network for ``n_classes`` outputs (+ <unk>), or ending in the tied embedding (output=tied)."""
+        if not self.tied:
+            return self._build(d_in, n_classes + int(self.unk))
+        from attacks.recipes._tied import TiedOutput
+
+        emb = self._embedding()
+        return TiedOutput(self._build(d_in, int(emb.shape[1])), emb)
 
     def _map(self, ids: np.ndarray) -> np.ndarray:
         """Full-vocabulary ids -> restricted ids (<unk> or IGNORE where absent)."""
@@ -239,27 +282,34 @@ class TokenClassifier(InversionAttack):
 
     # ------------------------------------------------------------ scoring
     @torch.no_grad()
-    def _logp(self, taps: Taps, module: nn.Module | None = None) -> torch.Tensor:
-        """(N, H, V_r) log-probabilities over the restricted vocabulary."""
+    def _logp_chunks(self, taps: Taps, module: nn.Module | None = None):
+        """Yield (first row, (n, H, V_r) log-probabilities) for consecutive chunks of the rows of ``taps``."""
         module = module or self.module
         module.eval()
         x = self._prepare(taps)
-        out = torch.empty((taps.n_tokens, self.n_heads, len(self.vocab) + int(self.unk)))
         if self.sequence_level:
             starts = taps.seq_starts()
-            order = np.arange(len(taps))
-            for a in range(0, len(order), 16):
-                seqs = order[a: a + 16]
+            for a in range(0, len(taps), 16):
+                seqs = np.arange(a, min(a + 16, len(taps)))
                 xb, pad = self._seq_batch(x, starts, seqs)
                 lp = torch.log_softmax(self._forward(module, (xb, pad)), dim=-1).cpu()  # (B, T, H, V_r)
-                for b, s in enumerate(seqs):
-                    out[starts[s]: starts[s + 1]] = lp[b, : starts[s + 1] - starts[s]]
+                yield int(starts[a]), torch.cat([lp[b, : starts[s + 1] - starts[s]] for b, s in enumerate(seqs)])
         else:
             for a in range(0, taps.n_tokens, _CHUNK):
-                out[a: a + _CHUNK] = torch.log_softmax(self._forward(module, x[a: a + _CHUNK]), dim=-1).cpu()
+                yield a, torch.log_softmax(self._forward(module, x[a: a + _CHUNK]), dim=-1).cpu()
+
+    def _logp(self, taps: Taps, module: nn.Module | None = None) -> torch.Tensor:
+        """(N, H, V_r) log-probabilities over the restricted vocabulary."""
+        out = torch.empty((taps.n_tokens, self.n_heads, len(self.vocab) + int(self.unk)))
+        for a, lp in self._logp_chunks(taps, module):
+            out[a: a + len(lp)] = lp
         return out
 
     def _invert(self, taps: Taps, k: int) -> Inversion:
+        if self.tied:  # full vocabulary: top-k chunk by chunk, never (N, V) at once
+            parts = [lp[:, 0].topk(k, dim=-1) for _, lp in self._logp_chunks(taps)]
+            val, idx = torch.cat([p.values for p in parts]), torch.cat([p.indices for p in parts])  # (N, k)
+            return Inversion(idx[:, 0].numpy(), idx.numpy(), val.numpy())
         scores = self._combine(self._logp(taps), taps)  # (N, V_r [+ 1])
         if self.unk:
             from attacks.recipes._backoff import combine_topk
@@ -299,7 +349,7 @@ class TokenClassifier(InversionAttack):
 
             self.backoff = _backoff.load(self.model, tensors, state["backoff"], self.name)
             self.tau, self.lam = float(state["tau"]), float(state.get("lam", 1.0))
-        self.module = self._build(int(state["d_in"]), int(state["n_classes"]) + int(self.unk))
+        self.module = self._make_module(int(state["d_in"]), int(state["n_classes"]))
         self.module.load_state_dict({k[7:]: v for k, v in tensors.items() if k.startswith("module.")}, strict=True)
         self.module.to(self._device()).eval()
 

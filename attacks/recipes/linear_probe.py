@@ -28,6 +28,7 @@ from torch import nn
 from attacks.base import Inversion, InversionAttack
 from attacks.errors import AttackError
 from attacks.recipes._common import TokenClassifier, fit_standardizer, standardize
+from attacks.recipes._tied import embedding_matrix
 from attacks.registry import register_attack
 from attacks.tapdata import Taps
 
@@ -47,11 +48,6 @@ class LinearProbe(TokenClassifier):
 
     def _build(self, d_in: int, n_classes: int) -> nn.Module:
         return nn.Linear(d_in, n_classes)  # (B, d) -> (B, V_r)
-
-
-def embedding_matrix(model: Any) -> torch.Tensor:
-    """(V, d_e) float32 input-embedding matrix of a LoadedModel."""
-    return model.model.get_input_embeddings().weight.detach().to("cpu", torch.float32)
 
 
 @register_attack("linear-embed")

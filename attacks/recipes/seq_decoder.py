@@ -15,8 +15,17 @@ Linear(d_model, |V_train|), plus (``skip``) a linear map from each position's
 own state to the logits, fitted first as a linear probe (``probe_epochs``)
 while the transformer's output layer starts at zero: the decoder starts as the
 per-token probe and training adds a context correction. Trained on whole sequences with cross-entropy at
-every position. Deviation: non-autoregressive (one parallel prediction per
-position, no beam search), softmax restricted to the training vocabulary (see
+every position.
+
+Options that give context a fair chance (issue 14, finding 10): by default
+the fitted skip path is frozen (``freeze_skip=True``) and training stops after
+``patience`` = 2 epochs without a better validation score, so the decoder
+stays near the probe; ``freeze_skip=False`` trains the skip path jointly,
+``epochs`` / ``patience`` lengthen the schedule, ``output=tied`` scores the
+full vocabulary (:mod:`attacks.recipes._tied`), and the ``lm-beam`` recipe
+(:mod:`attacks.recipes.lm_beam`) adds a language prior at decoding time.
+Deviation: non-autoregressive (one parallel prediction per position; beam
+search only through ``lm-beam``), softmax restricted to the training vocabulary by default (see
 :mod:`attacks.recipes._common`). Trainable under ``accelerate launch
 --num_processes N`` (DDP; gloo on CPU) through :mod:`attacks.trainer`.
 """
@@ -29,7 +38,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from attacks.errors import AttackError
 from attacks.recipes._common import IGNORE, TokenClassifier
+from attacks.recipes._tied import inner
 from attacks.registry import register_attack
 
 
@@ -71,7 +82,24 @@ class SeqDecoder(TokenClassifier):
     sequence_level = True
     defaults = {**TokenClassifier.defaults, "epochs": 8, "lr": 1e-3, "batch_size": 8, "weight_decay": 0.05,
                 "d_model": 256, "layers": 2, "heads": 4, "d_ff": 512, "dropout": 0.3, "max_len": 2048, "skip": True,
-                "probe_epochs": 5, "freeze_skip": True}
+                "probe_epochs": 5, "freeze_skip": True, "patience": 2}
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        for key in ("freeze_skip", "skip"):
+            if not isinstance(self.hparams[key], bool):
+                raise AttackError(f"seq-decoder {key}={self.hparams[key]!r}; write {key}=true or {key}=false")
+        p = self.hparams["patience"]
+        if isinstance(p, bool) or not isinstance(p, int) or p < 1:
+            raise AttackError(f"seq-decoder patience={p!r}; give the epochs without a better validation score "
+                              "before stopping, an integer >= 1 (e.g. patience=100 to train every epoch)")
+
+    def _fit(self, train: Any, val: Any, trainer: Any) -> None:
+        from dataclasses import replace
+
+        from attacks.trainer import TrainConfig
+
+        super()._fit(train, val, replace(trainer or TrainConfig(), patience=int(self.hparams["patience"])))
 
     def _build(self, d_in: int, n_classes: int) -> nn.Module:
         hp = self.hparams
@@ -81,8 +109,10 @@ class SeqDecoder(TokenClassifier):
     def _warm_start(self, module: nn.Module, x: torch.Tensor, y: torch.Tensor, trainer: Any) -> None:
         """Fit the skip path alone first, as a linear probe on token rows (``probe_epochs``, batch 256)."""
         epochs = int(self.hparams["probe_epochs"])
-        if module.skip is None or epochs < 1:
+        net = inner(module)  # the SeqDecoderNet (inside the tied output with output=tied)
+        if net.skip is None or epochs < 1:
             return
+        probe = net.skip if net is module else nn.Sequential(net.skip, module.proj)  # (n, d) -> (n, V_r)
         from dataclasses import replace
 
         from attacks.trainer import TrainConfig, fit_module
@@ -96,11 +126,11 @@ class SeqDecoder(TokenClassifier):
             return ce(m(x[r].to(dev)), y[r, 0].to(dev))
 
         cfg = replace(trainer or TrainConfig(), epochs=None, lr=None, batch_size=None, patience=None)
-        report = fit_module(module.skip, len(rows), loss_fn, epochs=epochs, lr=3e-3, batch_size=256, seed=self.seed,
+        report = fit_module(probe, len(rows), loss_fn, epochs=epochs, lr=3e-3, batch_size=256, seed=self.seed,
                             cfg=cfg, tag=f"{self.name}-probe")
         self.fit_report["probe_warm_start"] = {k: report[k] for k in ("epochs_run", "train_seconds")}
         if self.hparams["freeze_skip"]:
-            module.skip.requires_grad_(False)
+            net.skip.requires_grad_(False)
 
     def _forward(self, module: nn.Module, x: Any, taps_seqs: Any = None) -> torch.Tensor:
         out = module(*x)  # (B, T, V_r)

@@ -32,3 +32,15 @@ def make_taps(n_seqs: int = 40, seq_len: int = 12, vocab: int = 40, d: int = 32,
 
 def accuracy(inv, taps: Taps) -> float:
     return float((inv.tokens == taps.token_ids).mean())
+
+
+def embedding_taps(tiny, tokens: np.ndarray, seed: int, noise: float = 0.05) -> Taps:
+    """Hidden = E[token] @ A + noise with a fixed random A: an easy linear inversion into the tiny model's embedding."""
+    emb = tiny.model.model.embed_tokens.weight.detach().numpy()  # (V, d)
+    a = np.random.default_rng(7).normal(size=(emb.shape[1], emb.shape[1])) / np.sqrt(emb.shape[1])
+    rng = np.random.default_rng(seed)
+    hidden = (emb[tokens] @ a + noise * rng.normal(size=(len(tokens), emb.shape[1]))).astype(np.float32)
+    n_seq = len(tokens) // 10
+    meta = {"model": tiny.spec, "model_sha256": tiny.sha256, "boundary": "head:2", "depth": 2, "num_layers": 6}
+    docs = [{"doc_id": f"s{seed}-{i}", "genre": "", "text": "", "pii_spans": []} for i in range(n_seq)]
+    return Taps(hidden, tokens, np.full(n_seq, 10), np.arange(n_seq), docs, None, meta)

@@ -104,3 +104,13 @@ def test_eval_scores_a_next_token_attacker_against_the_following_tokens(tmp_path
                  "--json"]) == 0
     report = last_json(capsys)
     assert report["attack"] == "output-probe" and report["n_tokens"] < 200  # the last token of a sequence: no target
+
+
+def test_bad_attack_options_fail_in_one_line_before_any_extraction(tmp_path: Path, capsys) -> None:
+    missing = f"file:{tmp_path / 'missing.jsonl'}"  # extracting it would fail with another message
+    for opt, message in (("beam=0", "lm-beam beam=0; give an integer >= 1"),
+                         ("base=vocab-match", "is not a learned per-token attacker")):
+        assert main(["attack", "train", "--attack", "lm-beam", "--attack-option", opt, "--model", "tiny-random",
+                     "--boundary", "head:2", "--corpus", missing, "--out", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.strip().count("\n") == 0

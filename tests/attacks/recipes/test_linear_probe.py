@@ -7,20 +7,7 @@ import pytest
 
 from attacks.errors import AttackError
 from attacks.registry import load_attack, make_attack
-from attacks.tapdata import Taps
-from tests.attacks.synth import accuracy, make_taps
-
-
-def embedding_taps(tiny, tokens: np.ndarray, seed: int, noise: float = 0.05) -> Taps:
-    """Hidden = E[token] @ A + noise with a fixed random A: an easy linear inversion into the tiny model's embedding."""
-    emb = tiny.model.model.embed_tokens.weight.detach().numpy()  # (V, d)
-    a = np.random.default_rng(7).normal(size=(emb.shape[1], emb.shape[1])) / np.sqrt(emb.shape[1])
-    rng = np.random.default_rng(seed)
-    hidden = (emb[tokens] @ a + noise * rng.normal(size=(len(tokens), emb.shape[1]))).astype(np.float32)
-    n_seq = len(tokens) // 10
-    meta = {"model": tiny.spec, "model_sha256": tiny.sha256, "boundary": "head:2", "depth": 2, "num_layers": 6}
-    docs = [{"doc_id": f"s{seed}-{i}", "genre": "", "text": "", "pii_spans": []} for i in range(n_seq)]
-    return Taps(hidden, tokens, np.full(n_seq, 10), np.arange(n_seq), docs, None, meta)
+from tests.attacks.synth import accuracy, embedding_taps, make_taps
 
 
 def test_linear_probe_beats_uniform_and_round_trips(tmp_path) -> None:
