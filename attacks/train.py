@@ -114,7 +114,8 @@ def cmd_eval(args) -> int:
     from attacks.registry import load_attack
     from attacks.tapdata import as_taps
     from splitinfer.defenses.cli_args import defense_from_args
-    from attacks.taps import Boundary, extract_corpora, parse_corpora
+    from attacks.boundary import Boundary
+    from attacks.taps import extract_corpora, parse_corpora
 
     quiet_datasets()
     cfg = read_config(args.attacker)
@@ -210,7 +211,7 @@ def boundary_list(text: str) -> tuple:
     import argparse
 
     from attacks.errors import AttackError
-    from attacks.taps import Boundary
+    from attacks.boundary import Boundary
 
     try:
         out = tuple(Boundary.parse(b) for b in text.split(",") if b.strip())

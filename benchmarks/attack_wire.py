@@ -29,6 +29,7 @@ import numpy as np
 
 from attacks.errors import AttackError
 from attacks.tapdata import Taps
+from attacks.boundary import Boundary
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +63,12 @@ def _session_rows(steps: list[Any]) -> dict[str, list[tuple[int, Any, int]]]:
     return out
 
 
-def wire_targets(loaded: Any, cfg: Any, data: Any, boundary: str) -> NextTargets:
+def wire_targets(loaded: Any, cfg: Any, data: Any, boundary: Boundary) -> NextTargets:
     """Generate, tap and label real split traffic at ``boundary`` (``tail:B``) for every corpus of the grid."""
     from attacks.wiretap import WireTap
     from splitinfer.client import SplitModel
 
-    tail = int(boundary[len("tail:"):])
+    tail = boundary.layers
     head = max(1, min(cfg.wire_split_head, loaded.num_layers - tail - 1))
     sm = SplitModel(loaded, f"{head},{tail}")
     tok = loaded.tokenizer
@@ -111,7 +112,7 @@ def wire_targets(loaded: Any, cfg: Any, data: Any, boundary: str) -> NextTargets
                          "text": tok.decode(stream, skip_special_tokens=False)})
     if not hidden:
         raise AttackError("no wire traffic to score: the test documents gave no prompt of 2 or more tokens")
-    meta = {**test.meta, "boundary": boundary, "depth": data.depth_of[boundary], "kind": "wire", "split": "wire"}
+    meta = {**test.meta, "boundary": str(boundary), "depth": data.depth_of[boundary], "kind": "wire", "split": "wire"}
     taps = Taps(np.concatenate(hidden), np.concatenate(ids), lengths, np.arange(len(docs)), docs, None, meta)
     target = np.concatenate(targets)
     rows = np.flatnonzero(target >= 0)
@@ -121,7 +122,7 @@ def wire_targets(loaded: Any, cfg: Any, data: Any, boundary: str) -> NextTargets
     return NextTargets(taps, rows, truth, np.asarray(corpus_of)[rows], "wire", traffic)
 
 
-def teacher_forced_targets(data: Any, boundary: str) -> NextTargets:
+def teacher_forced_targets(data: Any, boundary: Boundary) -> NextTargets:
     """The next token of each teacher-forced test row (no generation)."""
     from attacks.recipes._common import next_token_rows
 
@@ -133,7 +134,7 @@ def teacher_forced_targets(data: Any, boundary: str) -> NextTargets:
     return NextTargets(test, rows, truth, corpus[rows].astype(str), "teacher-forced")
 
 
-def next_token_targets(loaded: Any, cfg: Any, data: Any, boundary: str) -> NextTargets:
+def next_token_targets(loaded: Any, cfg: Any, data: Any, boundary: Boundary) -> NextTargets:
     """The scoring data of output-side attackers at ``boundary``, made once per grid and boundary."""
     if boundary not in data.wire:
         data.wire[boundary] = (wire_targets(loaded, cfg, data, boundary) if cfg.wire_tokens > 0

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from attacks.predictions import write_all
+from attacks.boundary import Boundary
 from benchmarks.attack_grid import GridConfig, depth_rows, extract, job_key, plan, run_job
 
 log = logging.getLogger(__name__)
@@ -126,7 +127,7 @@ def run_study(cfg: StudyConfig, progress: bool = True, partial: str | Path | Non
     log.info("taps ready in %.0f s: %d train, %d test tokens per boundary", extract_s, data.train[first].n_tokens,
              data.test[first].n_tokens)
     rows: list[dict[str, Any]] = []
-    fitted: dict[tuple[str, str], Any] = {}
+    fitted: dict[tuple[Boundary, str], Any] = {}
     preds: dict[str, Any] = {}  # run -> per-token predictions (not kept for jobs resumed from the partial file)
     resumed = 0
     for job in tqdm(plan(grid, data.depth_of), desc="attacks", unit="fit", disable=not progress):
@@ -138,7 +139,7 @@ def run_study(cfg: StudyConfig, progress: bool = True, partial: str | Path | Non
         job_rows = run_job(loaded, grid, data, job, fitted, preds)
         rows.append(_study_row(job_rows))
         if partial is not None:
-            _append(partial, {"key": key, "job": job.name, "boundary": job.boundary, "rows": job_rows})
+            _append(partial, {"key": key, "job": job.name, "boundary": str(job.boundary), "rows": job_rows})
     t = time.perf_counter()
     depth_id = depth_rows(loaded, grid, data)
     if depth_id:
