@@ -68,7 +68,6 @@ class LocalDraft(ModelDrafter):
         *,
         draft_budget: int = 8,
         alternatives: int = 2,
-        adaptive: bool = True,
         calibration: str | None = None,
         ridge: float = 30.0,
         refit_every: int = 8,

@@ -37,3 +37,15 @@ def test_it_cannot_be_replayed_or_run_without_the_local_model(name):
 
 def test_the_default_combined_stays_replayable():
     assert not make_proposer("combined").needs_model
+
+
+@pytest.mark.parametrize("name", [*DRAFTERS, "combined"])
+def test_the_sizing_options_are_declared_once_and_reach_the_proposer(name):
+    from dataclasses import fields
+
+    from splitinfer.decoding.base import SizingOptions, proposer_options
+
+    options = proposer_options(name)
+    assert {f.name: f.default for f in fields(SizingOptions)}.items() <= options.items()
+    p = make_proposer(name, adaptive=False, decay=0.5, step_ms=3.0, token_ms=0.5)
+    assert p.adaptive is False and p.decay == 0.5 and p.cost.coefficients() == (3.0, 0.5)
