@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 
+from attacks.boundary import Boundary
 from attacks.registry import get_attack_class
 from benchmarks.attack_grid import ALIASES, GridConfig, Victim, depth_rows, extract, plan, run_job
 from benchmarks.schema import add_metric, metric
@@ -80,9 +81,10 @@ def stage_attacks(loaded: LoadedModel, cfg: dict, results: dict) -> dict:
     baselines = {k.replace("baseline_", "").replace("_top1", ""): v["value"] for k, v in base.items()
                  if k.startswith("baseline_") and k.endswith("_top1")}
     # the PII plot shows the deepest head boundary tested
-    deepest = max((r["depth"] for r in pii_rows if r["boundary"].startswith("head")), default=None)
-    plot_pii = [{**r, "title": f"PII spans recovered exactly, {r['boundary']}"} for r in pii_rows
-                if r["depth"] == deepest and r["boundary"].startswith("head")]
+    heads = [r for r in pii_rows if Boundary.parse(r["boundary"]).side == "head"]
+    deepest = max((r["depth"] for r in heads), default=None)
+    plot_pii = [{**r, "title": f"PII spans recovered exactly, {r['boundary']}"} for r in heads
+                if r["depth"] == deepest]
     return {"rows": rows, "pii_rows": plot_pii, "pii_all": pii_rows, "baselines": baselines, "predictions": preds,
             "extract_seconds": extract_s,
             "note": (f"Teacher-forced states of held-out test documents; attackers trained on "
