@@ -15,14 +15,13 @@ from typing import Any
 
 from attacks.base import RECIPE_THREAT_MODELS, REQUIREMENTS, SIDES, Attack, read_config
 from attacks.errors import AttackError
-from splitinfer.registry import claim, import_modules
+from splitinfer.registry import claim, import_modules, lookup
 
 log = logging.getLogger(__name__)
 
 __all__ = ["register_attack", "make_attack", "list_attacks", "get_attack_class", "load_attack"]
 
 _REGISTRY: dict[str, type[Attack]] = {}
-_LOADED = False
 
 
 def register_attack(name: str) -> Callable[[type[Attack]], type[Attack]]:
@@ -47,22 +46,15 @@ def register_attack(name: str) -> Callable[[type[Attack]], type[Attack]]:
 
 def _load_recipes() -> None:
     """Import every module of :mod:`attacks.recipes` (each registers its attacks)."""
-    global _LOADED
-    if _LOADED:
-        return
     import attacks.recipes as pkg
 
     import_modules("attacks.recipes", Path(pkg.__file__).parent)
-    _LOADED = True
 
 
 def get_attack_class(name: str) -> type[Attack]:
     """The registered class of ``name``, or AttackError listing the known names."""
     _load_recipes()
-    if name not in _REGISTRY:
-        raise AttackError(f"unknown attack {name!r}; choose one of {', '.join(sorted(_REGISTRY))} "
-                          "(see `splitinfer attack list`)")
-    return _REGISTRY[name]
+    return lookup(_REGISTRY, name, "attack", AttackError, "see `splitinfer attack list`")
 
 
 def make_attack(name: str, **kwargs: Any) -> Attack:

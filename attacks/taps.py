@@ -1,14 +1,7 @@
 """Activation taps: the hidden states the cloud sees at a split boundary, by truncated forward.
 
-Boundaries are written ``head:A`` or ``tail:B`` (:class:`Boundary`):
-
-- ``head:A``: the states after the first ``A`` decoder layers, i.e. what a
-  :class:`~splitinfer.partition.LocalHead` of ``A`` layers sends to the cloud.
-- ``tail:B``: the states after the first ``L - B`` layers, i.e. what the cloud
-  body returns to a :class:`~splitinfer.partition.LocalTail` of ``B`` layers.
-
-Both must be real split points: ``1 <= A <= L - 2`` and ``1 <= B <= L - 2``
-(a split keeps at least one layer in the body and one in each local part).
+Boundaries are :class:`~attacks.boundary.Boundary` objects, written ``head:A``
+or ``tail:B`` (see :mod:`attacks.boundary`; re-exported here).
 
 :class:`TruncatedForward` runs the embedding and only the needed layers, with
 the runtime's own layer runner (the model's decoder-layer modules on a fresh
@@ -43,13 +36,13 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from attacks.boundary import Boundary
 from attacks.errors import AttackError
 from attacks.tapdata import Taps
 from attacks.tapplan import Plan, pad_batch, plan_batches, plan_sequences
@@ -60,41 +53,6 @@ from splitinfer.partition import LayerStack
 log = logging.getLogger(__name__)
 
 STORE_DTYPES = {"fp16": (torch.float16, np.float16), "fp32": (torch.float32, np.float32)}
-
-
-@dataclass(frozen=True)
-class Boundary:
-    """A split boundary: ``head:A`` (what the cloud receives) or ``tail:B`` (what it returns)."""
-
-    side: str  # "head" | "tail"
-    layers: int  # A (head layers) or B (tail layers)
-
-    @classmethod
-    def parse(cls, text: str | Boundary) -> Boundary:
-        """Parse ``"head:A"`` or ``"tail:B"``."""
-        if isinstance(text, Boundary):
-            return text
-        side, sep, n = str(text).strip().partition(":")
-        if side not in ("head", "tail") or not sep or not n.strip().isdigit():
-            raise AttackError(f"bad boundary {text!r}: write head:A (after A layers, what the cloud receives) or "
-                              "tail:B (after L-B layers, what the cloud returns to a B-layer tail), e.g. head:2")
-        return cls(side, int(n))
-
-    def validate(self, num_layers: int) -> None:
-        """Raise AttackError unless this is a split point of an ``num_layers``-layer model."""
-        hi = num_layers - 2
-        if not 1 <= self.layers <= hi:
-            what = "head layers A" if self.side == "head" else "tail layers B"
-            raise AttackError(f"boundary {self} is outside the model: it has {num_layers} layers, so {what} must lie "
-                              f"in [1, {hi}] (a split keeps >= 1 layer in the body and in each local part)")
-
-    def depth(self, num_layers: int) -> int:
-        """Number of decoder layers run from the embedding to reach this boundary."""
-        self.validate(num_layers)
-        return self.layers if self.side == "head" else num_layers - self.layers
-
-    def __str__(self) -> str:
-        return f"{self.side}:{self.layers}"
 
 
 class TruncatedForward(LayerStack):
@@ -315,22 +273,25 @@ def _run_shards(loaded: Any, stack: TruncatedForward, plan: Plan, directory: Pat
 
 def extract_depths(loaded: Any, corpus: str, boundaries: Sequence[str | Boundary], split: str | None = None, *,
                    max_tokens: int | None = None, max_length: int = 128, max_doc_tokens: int | None = None,
-                   batch_size: int = 8, dtype: str = "fp16", seed: int = 0, progress: bool = True) -> dict[str, Taps]:
+                   batch_size: int = 8, dtype: str = "fp16", seed: int = 0,
+                   progress: bool = True) -> dict[str | Boundary, Taps]:
     """In memory, not cached: ``{boundary: Taps}`` for one corpus split, in ONE truncated forward to the deepest.
 
-    The same plan and forward as :func:`extract_taps` (:func:`forward_rows`, equal-length batches), so the
-    states are the ones the cloud sees; ``max_doc_tokens`` caps tokens per document, and PII spans that
-    start in a document's covered text are kept (``partial_spans``).
+    Keyed as the boundaries were given: a :class:`Boundary` by itself, a string by its canonical
+    ``side:N`` form. The same plan and forward as :func:`extract_taps` (:func:`forward_rows`,
+    equal-length batches), so the states are the ones the cloud sees; ``max_doc_tokens`` caps tokens per
+    document, and PII spans that start in a document's covered text are kept (``partial_spans``).
     """
     from tqdm.auto import tqdm
 
     from splitinfer.corpora import load_corpus
 
-    bounds = [Boundary.parse(b) for b in boundaries]
-    if not bounds:
+    named = {b if isinstance(b, Boundary) else str(Boundary.parse(b)): Boundary.parse(b) for b in boundaries}
+    if not named:
         raise AttackError("no boundary given; name one or more, e.g. head:2,tail:2")
     _check_args(max_length, max_tokens, batch_size, dtype, 1 << 62, 0)
-    depths = {str(b): b.depth(loaded.num_layers) for b in bounds}
+    depths = {key: b.depth(loaded.num_layers) for key, b in named.items()}
+    shown = ",".join(dict.fromkeys(str(b) for b in named.values()))
     dataset = load_corpus(corpus, split, seed, None, loaded.tokenizer)
     plan = plan_sequences(dataset, loaded.tokenizer, max_length, max_tokens, 1 << 62, max_doc_tokens,
                           partial_spans=True)
@@ -339,19 +300,19 @@ def extract_depths(loaded: Any, corpus: str, boundaries: Sequence[str | Boundary
     rows = list(range(len(plan.chunks)))
     want = sorted(set(depths.values()))
     n = sum(c["length"] for c in plan.chunks)
-    with torch.no_grad(), tqdm(total=n, unit="tok", desc=f"taps {corpus} {','.join(depths)}", disable=not progress,
+    with torch.no_grad(), tqdm(total=n, unit="tok", desc=f"taps {corpus} {shown}", disable=not progress,
                                leave=False) as bar:
         states, _ = forward_rows(loaded, TruncatedForward(loaded.model, want[-1]), plan, rows, want, batch_size,
                                  False, dtype, bar)
     docs = [{k: doc[k] for k in ("doc_id", "genre", "text", "pii_spans", "template_spans")} for doc in plan.documents]
     token_ids, offsets = np.concatenate(plan.ids), np.concatenate(plan.offsets)
     lengths, seq_doc = [c["length"] for c in plan.chunks], [c["doc"] for c in plan.chunks]
-    log.info("extracted %d tokens of %s at %s", n, corpus, ", ".join(depths))
-    return {name: Taps(states[d], token_ids, lengths, seq_doc, docs, offsets, {
-        "model": loaded.spec, "model_sha256": loaded.sha256, "boundary": name, "depth": d,
+    log.info("extracted %d tokens of %s at %s", n, corpus, shown.replace(",", ", "))
+    return {key: Taps(states[d], token_ids, lengths, seq_doc, docs, offsets, {
+        "model": loaded.spec, "model_sha256": loaded.sha256, "boundary": str(named[key]), "depth": d,
         "num_layers": loaded.num_layers, "hidden_size": loaded.hidden_size, "corpus": corpus, "split": split,
         "vocab_size": int(loaded.config.vocab_size), "kind": "teacher-forced", "dtype": dtype})
-        for name, d in depths.items()}
+        for key, d in depths.items()}
 
 
 def parse_corpora(text: str | Sequence[str]) -> list[str]:

@@ -49,7 +49,7 @@ def cmd_train(args) -> int:
     from attacks.tapdata import as_taps
     from attacks.taps import extract_corpora, parse_corpora
     from attacks.trainer import TrainConfig, get_accelerator
-    from splitinfer.defenses.cli_args import defense_from_args
+    from splitinfer.defenses.cli_args import DefenseFlags
 
     quiet_datasets()
     klass = get_attack_class(args.attack)
@@ -57,6 +57,7 @@ def cmd_train(args) -> int:
     shortcuts = {"epochs": args.epochs, "lr": args.lr, "batch_size": args.batch_size}
     hparams.update({k: v for k, v in shortcuts.items() if v is not None and k in klass.defaults})
     corpora = parse_corpora(args.corpus)
+    defense = DefenseFlags.from_args(args).pipeline()  # the victim's, as the attacker knows it
     boundaries = args.boundary
     where = ",".join(map(str, boundaries))
     depth_id = issubclass(klass, DepthIdentifier)
@@ -74,13 +75,13 @@ def cmd_train(args) -> int:
                    progress=main and not args.json)
     first = acc.main_process_first() if acc is not None else contextlib.nullcontext()
     with first:  # the main process extracts, the others then hit the cache
-        train = {str(b): extract_corpora(loaded, corpora, b, args.subset, max_tokens=args.max_tokens, **extract)
+        train = {b: extract_corpora(loaded, corpora, b, args.subset, max_tokens=args.max_tokens, **extract)
                  for b in boundaries}
         val = None
         if args.val_tokens and _val_split_ok(corpora) and args.subset in (None, "train"):
-            val = {str(b): extract_corpora(loaded, corpora, b, "val", max_tokens=args.val_tokens, **extract)
+            val = {b: extract_corpora(loaded, corpora, b, "val", max_tokens=args.val_tokens, **extract)
                    for b in boundaries}
-    own = attacker_view(defense_from_args(args))  # adaptive: trains on its own defended pairs (public weights)
+    own = attacker_view(defense)  # adaptive: trains on its own defended pairs (public weights)
     train = {k: defend_taps(as_taps(v), own) for k, v in train.items()} if not own.is_none else train
     val = {k: defend_taps(as_taps(v), own) for k, v in val.items()} if val and not own.is_none else val
     trainer = TrainConfig(checkpoint_dir=str(out / "checkpoints"), resume=not args.no_resume,
@@ -88,10 +89,10 @@ def cmd_train(args) -> int:
     if depth_id:
         attack.fit(list(train.values()), trainer=trainer)
     else:
-        key = str(boundaries[0])
-        attack.fit(train[key], None if val is None else val[key], trainer=trainer)
+        b = boundaries[0]
+        attack.fit(train[b], None if val is None else val[b], trainer=trainer)
     attack.meta.update(max_length=args.max_length, corpora=corpora, train_max_tokens=args.max_tokens,
-                       defense=defense_from_args(args).label)
+                       defense=defense.label)
     if main:
         attack.save(out, force=args.force)
         summary = {"attack": attack.name, "threat_model": attack.threat_model, "out": str(out),
@@ -113,8 +114,9 @@ def cmd_eval(args) -> int:
     from attacks.defended import as_public, defend_taps, victim_model
     from attacks.registry import load_attack
     from attacks.tapdata import as_taps
-    from splitinfer.defenses.cli_args import defense_from_args
-    from attacks.taps import Boundary, extract_corpora, parse_corpora
+    from splitinfer.defenses.cli_args import DefenseFlags
+    from attacks.boundary import Boundary
+    from attacks.taps import extract_corpora, parse_corpora
 
     quiet_datasets()
     cfg = read_config(args.attacker)
@@ -133,7 +135,7 @@ def cmd_eval(args) -> int:
     b.validate(loaded.num_layers)
     corpora = parse_corpora(args.corpus)
     split = args.subset or (None if not _val_split_ok(corpora) else "test")
-    defense = defense_from_args(args)  # the victim: private local layers, then the wire defense
+    defense = DefenseFlags.from_args(args).pipeline()  # the victim: private local layers, then the wire defense
     sets = extract_corpora(victim_model(loaded, defense, b.depth(loaded.num_layers)), corpora, b, split,
                            max_tokens=args.max_tokens,
                            max_length=args.max_length or meta.get("max_length") or 256, seed=model.seed,
@@ -230,7 +232,7 @@ def boundary_list(text: str) -> tuple:
     import argparse
 
     from attacks.errors import AttackError
-    from attacks.taps import Boundary
+    from attacks.boundary import Boundary
 
     try:
         out = tuple(Boundary.parse(b) for b in text.split(",") if b.strip())

@@ -29,10 +29,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from attacks.boundary import Boundary
 from attacks.errors import AttackError
-from splitinfer.corpora.pii_templates import SPAN_TYPES
-from attacks.taps import STORE_DTYPES, Boundary, taps_root
+from attacks.taps import STORE_DTYPES, taps_root
 from attacks.tapstore import FORMAT_VERSION, TapSet, pii_label_array, shard_name, write_index, write_shard
+from splitinfer.corpora.pii_templates import SPAN_TYPES
 from splitinfer.errors import ProtocolError
 from splitinfer.link import Link
 from splitinfer.protocol import decode_frame

@@ -38,6 +38,7 @@ from attacks.errors import AttackError
 from attacks.evaluate import collect, doc_top1_counts, prior_from_taps, score
 from attacks.registry import get_attack_class, make_attack
 from attacks.tapdata import Taps
+from attacks.boundary import Boundary
 from attacks.taps import extract_depths
 
 log = logging.getLogger(__name__)
@@ -103,12 +104,12 @@ class GridConfig:
 class GridData:
     """Pooled taps per boundary and the rows of each corpus in the test taps."""
 
-    train: dict[str, Taps]
-    val: dict[str, Taps] | None
-    test: dict[str, Taps]
-    test_rows: dict[str, tuple[int, int]]
-    depth_of: dict[str, int]
-    wire: dict[str, Any] = field(default_factory=dict)  # tail boundary -> attack_wire.WireTargets (on demand)
+    train: dict[Boundary, Taps]
+    val: dict[Boundary, Taps] | None
+    test: dict[Boundary, Taps]
+    test_rows: dict[str, tuple[int, int]]  # corpus -> its rows of the test taps
+    depth_of: dict[Boundary, int]
+    wire: dict[Boundary, Any] = field(default_factory=dict)  # tail boundary -> attack_wire.WireTargets (on demand)
     # corpus -> {"test_tokens", "spans" per type, "unscored_spans"}: the scored PII of each PII corpus's test split
     pii: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -118,7 +119,7 @@ class Job:
     name: str  # grid name (a recipe or an alias)
     recipe: str
     fixed: dict[str, Any]
-    boundary: str
+    boundary: Boundary
     depth: int
 
 
@@ -128,8 +129,8 @@ def _proposer(cfg: GridConfig, name: str) -> str | None:
     return get_attack_class(recipe).proposer_of({**cfg.options.get(name, {}), **fixed})
 
 
-def boundaries(cfg: GridConfig) -> list[str]:
-    return [f"head:{a}" for a in cfg.head_depths] + [f"tail:{b}" for b in cfg.tail_layers]
+def boundaries(cfg: GridConfig) -> list[Boundary]:
+    return [Boundary("head", a) for a in cfg.head_depths] + [Boundary("tail", b) for b in cfg.tail_layers]
 
 
 def pii_test_tokens(loaded: Any, corpus: str, cfg: GridConfig) -> int:
@@ -181,9 +182,9 @@ def _pii_summary(taps: Taps) -> dict[str, Any]:
     return {"test_tokens": taps.n_tokens, "spans": dict(sorted(spans.items())), "unscored_spans": unscored}
 
 
-def _pool(loaded: Any, cfg: GridConfig, bounds: list[str], split: str, per_corpus: int,
+def _pool(loaded: Any, cfg: GridConfig, bounds: list[Boundary], split: str, per_corpus: int,
           pii: dict[str, dict[str, Any]] | None = None):
-    parts: dict[str, list[Taps]] = {b: [] for b in bounds}
+    parts: dict[Boundary, list[Taps]] = {b: [] for b in bounds}
     rows: dict[str, tuple[int, int]] = {}
     for corpus in cfg.corpora:
         n_tokens = pii_test_tokens(loaded, corpus, cfg) if split == "test" else per_corpus
@@ -219,12 +220,10 @@ def extract(loaded: Any, cfg: GridConfig) -> GridData:
     val = _pool(loaded, cfg, bounds, "val", cfg.val_tokens)[0] if cfg.val_tokens else None
     pii: dict[str, dict[str, Any]] = {}
     test, rows = _pool(loaded, cfg, bounds, "test", cfg.test_tokens, pii)
-    L = loaded.num_layers
-    return GridData(train, val, test, rows, {b: int(b[5:]) if b.startswith("head") else L - int(b[5:]) for b in bounds},
-                    pii=pii)
+    return GridData(train, val, test, rows, {b: b.depth(loaded.num_layers) for b in bounds}, pii=pii)
 
 
-def plan(cfg: GridConfig, depth_of: dict[str, int]) -> list[Job]:
+def plan(cfg: GridConfig, depth_of: dict[Boundary, int]) -> list[Job]:
     """Every (attacker, boundary) job of the grid the attacker's boundary side admits (depth identifiers apart)."""
     jobs = []
     # attackers that use another's fitted top-k go last, so that the grid's own fit of that helper is reused
@@ -233,7 +232,7 @@ def plan(cfg: GridConfig, depth_of: dict[str, int]) -> list[Job]:
         for name in names:
             recipe, fixed = ALIASES.get(name, (name, {}))
             cls = get_attack_class(recipe)
-            if issubclass(cls, DepthIdentifier) or cls.boundary_side not in (b.split(":")[0], "any"):
+            if issubclass(cls, DepthIdentifier) or cls.boundary_side not in (b.side, "any"):
                 continue
             if cls.scoring == "prefixes" and cfg.prefix_depths is not None and depth not in cfg.prefix_depths:
                 continue
@@ -252,7 +251,7 @@ def source_hash(recipes: list[str]) -> str:
     return h.hexdigest()
 
 
-def data_hash(data: GridData, boundary: str) -> str:
+def data_hash(data: GridData, boundary: Boundary) -> str:
     """sha256 of what a job at ``boundary`` is fitted and scored on: token ids, documents and sampled states."""
     h = hashlib.sha256()
     for part in (data.train, data.val, data.test):
@@ -281,7 +280,7 @@ def job_key(cfg: GridConfig, job: Job, data: GridData, model_sha256: str) -> str
         helper = get_attack_class(proposer)
         recipes.append(proposer)
         hparams[proposer] = {**helper.defaults, **cfg.options.get(proposer, {})}
-    text = json.dumps({**shared, "job": job.name, "boundary": job.boundary, "hparams": hparams,
+    text = json.dumps({**shared, "job": job.name, "boundary": str(job.boundary), "hparams": hparams,
                        "model_sha256": model_sha256, "data": data_hash(data, job.boundary),
                        "code": source_hash(recipes)}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -299,11 +298,11 @@ def _build(loaded: Any, cfg: GridConfig, name: str, recipe: str, fixed: dict[str
     return make_attack(recipe, model=loaded, seed=cfg.seed, **{**cfg.options.get(name, {}), **fixed})
 
 
-def _fit(atk: Any, data: GridData, b: str) -> Any:
+def _fit(atk: Any, data: GridData, b: Boundary) -> Any:
     return atk.fit(data.train[b], None if data.val is None else data.val[b])
 
 
-def run_job(loaded: Any, cfg: GridConfig, data: GridData, job: Job, fitted: dict[tuple[str, str], Any],
+def run_job(loaded: Any, cfg: GridConfig, data: GridData, job: Job, fitted: dict[tuple[Boundary, str], Any],
             predictions: dict[str, Any] | None = None) -> list[dict]:
     """Fit ``job``'s attacker and score it: one row for all corpora pooled, then one per corpus.
 
@@ -343,15 +342,15 @@ def run_job(loaded: Any, cfg: GridConfig, data: GridData, job: Job, fitted: dict
         inv = atk.invert(truth, k=5)
         inv_s = time.perf_counter() - t
     pred = collect(inv, truth, vocab_size=vocab, prior=prior, n_boot=cfg.n_boot, seed=cfg.seed,
-                   meta={"attack": job.name, "boundary": b})
+                   meta={"attack": job.name, "boundary": str(b)})
     m = pred.summarize()
     if predictions is not None:
         predictions[f"attacks/{job.name}/{b}"] = pred
     info = {k: v for k, v in {**atk.fit_report, **inv.info}.items() if isinstance(v, (int, float, str))}
     row = check_row({
         "attack": job.name, "threat_model": row_threat_model(atk.threat_model, cfg.victim),
-        "side": b.split(":")[0], "leaks": "output" if atk.reads == "next" else "input", "depth": job.depth,
-        "boundary": b, "defense": cfg.victim.defense, "corpus": "all", "scored_on": scored_on, "metrics": m,
+        "side": b.side, "leaks": "output" if atk.reads == "next" else "input", "depth": job.depth,
+        "boundary": str(b), "defense": cfg.victim.defense, "corpus": "all", "scored_on": scored_on, "metrics": m,
         "fit_seconds": round(fit_s, 3), "invert_seconds": round(inv_s, 3),
         "seconds_per_token": inv_s / max(1, len(inv.tokens)), "train_tokens": data.train[b].n_tokens,
         "test_tokens": len(inv.tokens), "info": info, "doc_top1": doc_top1_counts(pred)}, cfg.victim)
@@ -377,7 +376,7 @@ def depth_rows(loaded: Any, cfg: GridConfig, data: GridData) -> list[dict[str, A
         for b, depth in data.depth_of.items():
             for clf in type(did).classifiers:
                 acc = did.accuracy(data.test[b], clf)
-                out.append(check_row({"attack": name, "boundary": b, "depth": depth, "classifier": clf,
+                out.append(check_row({"attack": name, "boundary": str(b), "depth": depth, "classifier": clf,
                                       "threat_model": row_threat_model(did.threat_model, cfg.victim),
                                       "token_acc": acc["token_acc"], "sequence_acc": acc["sequence_acc"],
                                       "sequences": acc["sequences"]}, cfg.victim))

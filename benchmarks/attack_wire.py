@@ -29,6 +29,7 @@ import numpy as np
 
 from attacks.errors import AttackError
 from attacks.tapdata import Taps
+from attacks.boundary import Boundary
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +63,12 @@ def _session_rows(steps: list[Any]) -> dict[str, list[tuple[int, Any, int]]]:
     return out
 
 
-def wire_targets(loaded: Any, cfg: Any, data: Any, boundary: str) -> NextTargets:
+def wire_targets(loaded: Any, cfg: Any, data: Any, boundary: Boundary) -> NextTargets:
     """Generate, tap and label real split traffic at ``boundary`` (``tail:B``) for every corpus of the grid."""
     from attacks.wiretap import WireTap
     from splitinfer.client import SplitModel
 
-    tail = int(boundary[len("tail:"):])
+    tail = boundary.layers
     head = max(1, min(cfg.wire_split_head, loaded.num_layers - tail - 1))
     sm = SplitModel(loaded, f"{head},{tail}")
     tok = loaded.tokenizer
@@ -116,7 +117,7 @@ def wire_targets(loaded: Any, cfg: Any, data: Any, boundary: str) -> NextTargets
         raise AttackError(f"no wire traffic to score: {traffic['wire_skipped_sessions']} of "
                           f"{traffic['wire_sessions']} sessions skipped, and the test documents gave no other prompt "
                           "of 2 or more tokens")
-    meta = {**test.meta, "boundary": boundary, "depth": data.depth_of[boundary], "kind": "wire", "split": "wire"}
+    meta = {**test.meta, "boundary": str(boundary), "depth": data.depth_of[boundary], "kind": "wire", "split": "wire"}
     taps = Taps(np.concatenate(hidden), np.concatenate(ids), lengths, np.arange(len(docs)), docs, None, meta)
     target = np.concatenate(targets)
     rows = np.flatnonzero(target >= 0)
@@ -152,7 +153,7 @@ def traffic_line(rows: list[dict[str, Any]]) -> str | None:
     return "Wire traffic scored: " + "; ".join(parts) + "."
 
 
-def teacher_forced_targets(data: Any, boundary: str) -> NextTargets:
+def teacher_forced_targets(data: Any, boundary: Boundary) -> NextTargets:
     """The next token of each teacher-forced test row (no generation)."""
     from attacks.recipes._common import next_token_rows
 
@@ -164,7 +165,7 @@ def teacher_forced_targets(data: Any, boundary: str) -> NextTargets:
     return NextTargets(test, rows, truth, corpus[rows].astype(str), "teacher-forced")
 
 
-def next_token_targets(loaded: Any, cfg: Any, data: Any, boundary: str) -> NextTargets:
+def next_token_targets(loaded: Any, cfg: Any, data: Any, boundary: Boundary) -> NextTargets:
     """The scoring data of output-side attackers at ``boundary``, made once per grid and boundary."""
     if boundary not in data.wire:
         data.wire[boundary] = (wire_targets(loaded, cfg, data, boundary) if cfg.wire_tokens > 0

@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from attacks.boundary import Boundary
 from attacks.predictions import predictions_path, write_all
 from attacks.registry import get_attack_class
 from benchmarks.attack_grid import ALIASES, GridConfig, depth_rows, extract, job_key, plan, run_job
@@ -107,7 +108,7 @@ def learned(name: str) -> bool:
     return get_attack_class(ALIASES.get(name, (name, {}))[0]).threat_model == "white-box (learned)"
 
 
-def run_name(attack: str, boundary: str, seed: int, first_seed: int) -> str:
+def run_name(attack: str, boundary: str | Boundary, seed: int, first_seed: int) -> str:
     """The results run of one job: ``attacks/NAME/BOUNDARY``, with ``/seed-S`` for seeds after the first."""
     return f"attacks/{attack}/{boundary}" + ("" if seed == first_seed else f"/seed-{seed}")
 
@@ -170,7 +171,7 @@ def run_study(cfg: StudyConfig, progress: bool = True, partial: str | Path | Non
     resumed = 0
     jobs = [(s, job) for s in cfg.train_seeds for job in plan(grid, data.depth_of)
             if s == cfg.train_seeds[0] or learned(job.name)]
-    fitted: dict[int, dict[tuple[str, str], Any]] = {s: {} for s in cfg.train_seeds}  # per seed: proposers
+    fitted: dict[int, dict[tuple[Boundary, str], Any]] = {s: {} for s in cfg.train_seeds}  # per seed: proposers
     for seed, job in tqdm(jobs, desc="attacks", unit="fit", disable=not progress):
         seed_grid = replace(grid, seed=seed)
         run = run_name(job.name, job.boundary, seed, cfg.train_seeds[0])
@@ -189,7 +190,7 @@ def run_study(cfg: StudyConfig, progress: bool = True, partial: str | Path | Non
             write_all({run: record}, predictions_dir)
         rows.append(_study_row(job_rows, seed))
         if partial is not None:
-            _append(partial, {"key": key, "job": job.name, "boundary": job.boundary, "seed": seed, "rows": job_rows})
+            _append(partial, {"key": key, "job": job.name, "boundary": str(job.boundary), "seed": seed, "rows": job_rows})
     t = time.perf_counter()
     depth_id = depth_rows(loaded, grid, data)
     if depth_id:

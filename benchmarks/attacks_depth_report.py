@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from attacks.boundary import Boundary
 from benchmarks.attack_seeds import seed_spread
 from benchmarks.attack_tables import SCOPE, baseline_line, cell, compare, pii_cell, pii_test_line
 from benchmarks.attack_wire import traffic_line
@@ -11,6 +12,12 @@ from benchmarks.attacks_depth_changes import changes_section
 
 SEED_BEST_DEEP = 0.348  # the seed's MLP after layer 7 of Mistral-7B
 LEARNED = ("linear-probe", "linear-embed", "mlp", "seq-decoder")
+SEED_BOUNDARY = str(Boundary("head", 8))  # the depth the seed paper attacks (its deep result, SEED_BEST_DEEP)
+
+
+def _side(row: dict[str, Any]) -> str:
+    """``head`` or ``tail``: the side of a result row's boundary (rows hold it as written in the results)."""
+    return Boundary.parse(row["boundary"]).side
 
 
 def _cell(m: dict[str, Any] | None, signed: bool = False) -> str:
@@ -50,7 +57,7 @@ def _targets(rows: list[dict], heads: list[str]) -> list[str]:
         out.append(f"- vocab-match >= 99% at every head depth scored: **{'met' if worst >= 0.99 else 'NOT met'}** "
                    f"(lowest {100 * worst:.1f}%); seconds per token {spt}."
                    + (f" Not scored in this study (CPU budget): {', '.join(missing)}." if missing else ""))
-    b8 = "head:8"
+    b8 = SEED_BOUNDARY
     if ("seq-decoder", b8) in by:
         sd = by[("seq-decoder", b8)]["metrics"]["token_acc_top1"]
         parts, beats = [], True
@@ -62,7 +69,7 @@ def _targets(rows: list[dict], heads: list[str]) -> list[str]:
         verdict = "above all (paired bootstrap)" if beats else "NOT significantly above all (paired bootstrap)"
         out.append(f"- head depth 8: seq-decoder {_cell(sd)}; difference in top-1 points [95% CI] "
                    f"{'; '.join(parts)}: **{verdict}**.")
-    learned = [r for r in rows if r["attack"] in LEARNED and r["boundary"].startswith("head")]  # seed: head depth 8
+    learned = [r for r in rows if r["attack"] in LEARNED and _side(r) == "head"]  # seed: head depth 8
     if learned:
         low = min(learned, key=lambda r: r["metrics"]["token_acc_top1"]["ci_low"] or 0.0)
         ok = (low["metrics"]["token_acc_top1"]["ci_low"] or 0.0) > SEED_BEST_DEEP
@@ -92,14 +99,14 @@ def markdown(study: dict[str, Any]) -> str:
     cfg, all_rows = study["config"], study["rows"]
     first = cfg.get("train_seeds", [cfg["seed"]])[0]
     rows = [r for r in all_rows if r.get("train_seed", first) == first]  # the tables: the first training seed
-    heads = [f"head:{a}" for a in cfg["head_depths"]]
-    tails = [f"tail:{b}" for b in cfg["tail_layers"]]
+    heads = [str(Boundary("head", a)) for a in cfg["head_depths"]]
+    tails = [str(Boundary("tail", b)) for b in cfg["tail_layers"]]
     head_attacks = [a for a in dict.fromkeys(r["attack"] for r in rows) if any(
-        r["attack"] == a and r["boundary"].startswith("head") for r in rows)]
+        r["attack"] == a and _side(r) == "head" for r in rows)]
     tail_attacks = [a for a in dict.fromkeys(r["attack"] for r in rows) if any(
-        r["attack"] == a and r["boundary"].startswith("tail") and r.get("leaks", "output") == "output" for r in rows)]
+        r["attack"] == a and _side(r) == "tail" and r.get("leaks", "output") == "output" for r in rows)]
     tail_input = [a for a in dict.fromkeys(r["attack"] for r in rows) if any(
-        r["attack"] == a and r["boundary"].startswith("tail") and r.get("leaks") == "input" for r in rows)]
+        r["attack"] == a and _side(r) == "tail" and r.get("leaks") == "input" for r in rows)]
     s = [f"# Inversion attacks per split depth: {cfg['model']} ({cfg['num_layers']} layers)", "",
          f"Sizes: {cfg['train_tokens']} train / {cfg['val_tokens']} val / {cfg['test_tokens']} test tokens per corpus "
          f"({', '.join(cfg['corpora'])}; {cfg['train_tokens_total']} / {cfg['val_tokens_total']} / "
@@ -197,10 +204,10 @@ def markdown(study: dict[str, Any]) -> str:
               "Trained on the training taps of all depths above, scored on the test taps of each; chance is "
               f"{100 / len({r['depth'] for r in study['depth_id']}):.1f}%.", "",
               _table(["boundary", "depth", "classifier", "token acc %", "sequence acc %", "sequences"], lines), ""]
-    corp = [r for r in rows if r["boundary"] == "head:8" and r.get("per_corpus_top1")]
+    corp = [r for r in rows if r["boundary"] == SEED_BOUNDARY and r.get("per_corpus_top1")]
     if corp:
         names = list(corp[0]["per_corpus_top1"])
-        s += ["## Per corpus at head:8 (top-1 %, every token: chat-template tokens included)", "",
+        s += [f"## Per corpus at {SEED_BOUNDARY} (top-1 %, every token: chat-template tokens included)", "",
               _table(["attack"] + names, [[r["attack"]] + [f"{100 * r['per_corpus_top1'][c]:.1f}" for c in names]
                                           for r in corp]), ""]
     s += _seeds_section(all_rows, first, heads + tails)

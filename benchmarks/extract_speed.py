@@ -40,7 +40,8 @@ from datetime import datetime, timezone
 import torch
 
 from attacks.tapplan import pad_batch, plan_batches, plan_sequences
-from attacks.taps import Boundary, TruncatedForward, extract_taps
+from attacks.boundary import Boundary
+from attacks.taps import TruncatedForward, extract_taps
 from splitinfer.models import LoadedModel
 
 log = logging.getLogger(__name__)

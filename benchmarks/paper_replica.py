@@ -58,6 +58,7 @@ class ReplicaConfig:
 
 def replica_taps(loaded: Any, depths: tuple[int, ...]) -> dict[int, Any]:
     """{head depth: Taps} of the 16 documents, one sequence per document, fp32 states."""
+    from attacks.boundary import Boundary
     from attacks.taps import extract_depths
     from benchmarks.paper_replica_docs import DOCS
 
@@ -65,9 +66,10 @@ def replica_taps(loaded: Any, depths: tuple[int, ...]) -> dict[int, Any]:
         path = Path(tmp) / "paper_replica_docs.jsonl"
         path.write_text("\n".join(json.dumps({"doc_id": f"doc{i:02d}-{g}", "genre": g, "text": t})
                                   for i, (g, t) in enumerate(DOCS)), encoding="utf-8")
-        taps = extract_depths(loaded, f"file:{path}", [f"head:{d}" for d in depths], None, max_length=1024,
-                              dtype="fp32", progress=False)
-    return {d: taps[f"head:{d}"] for d in depths}
+        heads = {d: Boundary("head", d) for d in depths}
+        taps = extract_depths(loaded, f"file:{path}", list(heads.values()), None, max_length=1024, dtype="fp32",
+                              progress=False)
+    return {d: taps[b] for d, b in heads.items()}
 
 
 def _mlp(loaded: Any, cfg: ReplicaConfig, seed: int) -> Any:

@@ -34,6 +34,20 @@ A shard of a run (``bench run --shard I/N``) carries ``"shard": {"index": I,
 
 Extra top-level keys are allowed (forward compatible); metric entries may only
 hold the keys above plus an optional ``unit`` string.
+
+Versioning (the rule every issue that adds to the results follows; also in docs/results.md):
+
+* **minor** (``schema_minor``, :data:`SCHEMA_MINOR`): bump it when keys, runs or
+  metrics are *added*. Readers accept every minor of their major, older or newer
+  (absent means 0), and ``regress`` treats new runs and metrics as no change.
+* **major** (``schema_version``, :data:`SCHEMA_VERSION`): bump it when a key, run or
+  metric is *renamed or removed*, or a value changes meaning, and in the same change
+  add the step from the old major to :data:`benchmarks.regress.MIGRATIONS`, so a
+  committed baseline is compared under the new names without being regenerated.
+  :func:`validate` refuses any other major with a one-line error (upgrade, or
+  regenerate the file).
+* Changing a metric's ``kind`` is neither: ``regress`` reports it (rule ``kind``),
+  and the baseline is regenerated deliberately from a clean commit.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 
+from attacks.boundary import Boundary
 from attacks.registry import get_attack_class
 from benchmarks.attack_grid import ALIASES, GridConfig, Victim, depth_rows, extract, plan, run_job
 from benchmarks.attack_wire import record_traffic
@@ -71,9 +72,10 @@ def derived(rows: list[dict]) -> dict:
     baselines = {k.replace("baseline_", "").replace("_top1", ""): v["value"] for k, v in base.items()
                  if k.startswith("baseline_") and k.endswith("_top1")}
     # the PII plot shows the deepest head boundary tested
-    deepest = max((r["depth"] for r in pii_rows if r["boundary"].startswith("head")), default=None)
-    plot_pii = [{**r, "title": f"PII spans recovered exactly, {r['boundary']}"} for r in pii_rows
-                if r["depth"] == deepest and r["boundary"].startswith("head")]
+    heads = [r for r in pii_rows if Boundary.parse(r["boundary"]).side == "head"]
+    deepest = max((r["depth"] for r in heads), default=None)
+    plot_pii = [{**r, "title": f"PII spans recovered exactly, {r['boundary']}"} for r in heads
+                if r["depth"] == deepest]
     return {"pii_rows": plot_pii, "pii_all": pii_rows, "baselines": baselines}
 
 

@@ -45,6 +45,7 @@ from attacks.evaluate import prior_from_taps, score
 from attacks.recipes.vocab_match import scoring_subset
 from attacks.registry import get_attack_class, make_attack
 from attacks.tapdata import Taps
+from attacks.boundary import Boundary
 from attacks.taps import extract_depths
 from benchmarks.prompts import PROMPTS
 from benchmarks.attack_grid import Victim, row_threat_model
@@ -65,13 +66,14 @@ FAMILY_ORDER = ("none", "noise", "quant", "lora-random", "lora-private", "random
 def _taps(loaded, cfg: dict, depths: list[int], split: str, per_corpus: int) -> tuple[dict[int, Taps], dict]:
     parts: dict[int, list[Taps]] = {a: [] for a in depths}
     rows: dict[int, dict[str, tuple[int, int]]] = {a: {} for a in depths}
+    heads = {a: Boundary("head", a) for a in depths}
     for corpus in cfg.get("corpora", ["prose"]):
-        got = extract_depths(loaded, corpus, [f"head:{a}" for a in depths], split, max_tokens=per_corpus,
+        got = extract_depths(loaded, corpus, list(heads.values()), split, max_tokens=per_corpus,
                              max_length=cfg.get("max_length", 128), progress=False)
-        for a in depths:
+        for a, b in heads.items():
             start = sum(t.n_tokens for t in parts[a])
-            rows[a][corpus] = (start, start + got[f"head:{a}"].n_tokens)
-            parts[a].append(got[f"head:{a}"])
+            rows[a][corpus] = (start, start + got[b].n_tokens)
+            parts[a].append(got[b])
     return {a: Taps.concat(v) for a, v in parts.items()}, rows
 
 
@@ -278,7 +280,7 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
         if not shard.mine(j):
             continue
         if time.perf_counter() - t0 > budget:  # the suite's time budget: report what was left out
-            skipped.append(f"head:{a} {spec}")
+            skipped.append(f"{Boundary('head', a)} {spec}")
             continue
         tj = time.perf_counter()
         pipe = _pipeline(spec, train[a])
@@ -299,7 +301,7 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
                "attackers": tried, "best": best, **_utility(loaded, a, tail, pipe, seqs),
                **_cost(loaded, a, tail, pipe, cfg, reference)}
         out_rows.append({**row, "job_seconds": time.perf_counter() - tj})
-        _record(results, f"defenses/head:{a}/{row['defense']}", row)
+        _record(results, f"defenses/{Boundary('head', a)}/{row['defense']}", row)
     adapters.cleanup()
     d = loaded.hidden_size
     for spec in cfg.get("overhead", []) if shard.first else []:

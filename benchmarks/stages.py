@@ -3,9 +3,10 @@
 A suite file (:mod:`benchmarks.suite`) has one table per stage it runs. Each stage is
 registered here with
 
-- a frozen config dataclass (a subclass of :class:`StageConfig`) naming every key its
-  table may hold and its type; a field left ``None`` means "the stage's own default",
-  so a table runs exactly as the stage function reads it;
+- the keys its table may hold and their types, as one ``"key:type ..."`` string
+  (:func:`stage_config` makes it a frozen subclass of :class:`StageConfig`); a field
+  left ``None`` means "the stage's own default", so a table runs exactly as the stage
+  function reads it;
 - its entry function, ``"module:function"``, imported only when the stage runs (so
   ``splitinfer bench ls`` and ``bench validate`` stay fast), called as
   ``entry(loaded_model, table, results)`` and returning the raw rows kept under the
@@ -18,8 +19,8 @@ suite was sized for. The runner prints each stage's time against it and records 
 A stage registered ``shardable`` reads its shard from ``results`` (:class:`benchmarks.shard.Shard`) and runs
 only its share of grid cells under ``bench run --shard I/N``; the others run in shard 0 only.
 
-Adding a stage: write ``benchmarks/stage_<name>.py`` with one entry function, add its
-config class and one :func:`register_stage` call below; order of registration is run order.
+Adding a stage: write ``benchmarks/stage_<name>.py`` with one entry function and add one
+:func:`register_stage` call below; order of registration is run order.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from __future__ import annotations
 import importlib
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, make_dataclass
 from typing import Any
 
 from splitinfer.errors import SplitInferError
@@ -63,91 +64,6 @@ class StageConfig:
 
 
 @dataclass(frozen=True)
-class GenerationKeys(StageConfig):
-    """Keys of the stages that generate text: which proposers, how many tokens."""
-
-    decodings: list | None = None
-    tokens: int | None = None
-
-
-@dataclass(frozen=True)
-class LinkKeys(GenerationKeys):
-    """... over an emulated link, with proposer options (``{name: {option: value}}``)."""
-
-    rtt_ms: list | None = None
-    bandwidth_mbps: float | None = None
-    decoding_options: dict | None = None
-
-
-@dataclass(frozen=True)
-class ExactnessConfig(GenerationKeys):
-    splits: list | None = None
-    prompts: int | None = None
-
-
-@dataclass(frozen=True)
-class SpeedConfig(LinkKeys):
-    head_depths: list | None = None
-    tail_layers: int | None = None
-    prompts_per_category: int | None = None
-    categories: list | None = None
-    wire_dtype: str | None = None
-
-
-@dataclass(frozen=True)
-class RttModelConfig(LinkKeys):
-    split: str | None = None
-    prompts: int | None = None
-    project_rtt_ms: list | None = None
-
-
-@dataclass(frozen=True)
-class AttacksConfig(StageConfig):
-    head_depths: list | None = None
-    tail_depths: list | None = None
-    attacks: list | None = None
-    corpora: list | None = None
-    train_tokens: int | None = None
-    test_tokens: int | None = None
-    max_length: int | None = None
-    options: dict | None = None
-    seed_protocol: bool | None = None
-    wire_tokens: int | None = None  # output side: generated tokens per corpus scored on wire taps
-    val_tokens: int | None = None
-    defense: str | None = None
-
-
-@dataclass(frozen=True)
-class DefensesConfig(StageConfig):
-    head_depths: list | None = None
-    tail_layers: int | None = None
-    defenses: list | None = None  # canonical specs, "none" = undefended
-    attackers: list | None = None
-    corpora: list | None = None
-    train_tokens: int | None = None
-    test_tokens: int | None = None
-    max_length: int | None = None
-    options: dict | None = None
-    utility_sequences: int | None = None
-    categories: list | None = None
-    tokens: int | None = None
-    decoding_options: dict | None = None
-    overhead: list | None = None
-    time_budget_s: float | None = None  # enforced: no new configuration starts after it (budget_s is reported only)
-    paired_k: list | None = None  # known-plaintext pairs per paired attacker against privately changed local layers
-
-
-@dataclass(frozen=True)
-class NgramAblationConfig(StageConfig):
-    n: list | None = None
-    categories: list | None = None
-    prompts_per_category: int | None = None
-    tokens: int | None = None
-    split: str | None = None
-    lookahead_n: list | None = None
-
-
-@dataclass(frozen=True)
 class Stage:
     name: str
     config: type[StageConfig]
@@ -163,11 +79,28 @@ class Stage:
 STAGES: dict[str, Stage] = {}
 
 
-def register_stage(name: str, config: type[StageConfig], entry: str, summary: str, shardable: bool = False) -> Stage:
-    """Register stage ``name`` (run after every stage registered before it)."""
+KEY_TYPES = {"list": list, "dict": dict, "int": int, "float": float, "str": str, "bool": bool}
+
+
+def stage_config(name: str, keys: str) -> type[StageConfig]:
+    """A frozen :class:`StageConfig` subclass with the fields ``keys`` names (``"key:type ..."``, each default None)."""
+    spec = []
+    for item in keys.split():
+        key, _, kind = item.partition(":")
+        if kind not in KEY_TYPES:
+            raise SplitInferError(f"stage {name!r}: key {key!r} has type {kind!r}; use one of {', '.join(KEY_TYPES)}")
+        spec.append((key, KEY_TYPES[kind] | None, None))
+    title = "".join(part.title() for part in name.split("_"))
+    config = make_dataclass(f"{title}Config", spec, bases=(StageConfig,), frozen=True)
+    config.__module__ = __name__
+    return config
+
+
+def register_stage(name: str, entry: str, keys: str, summary: str, shardable: bool = False) -> Stage:
+    """Register stage ``name`` with its table's ``keys`` (see :func:`stage_config`); run after every earlier one."""
     if name in STAGES:
         raise SplitInferError(f"stage {name!r} is registered twice")
-    STAGES[name] = Stage(name, config, entry, summary, shardable)
+    STAGES[name] = Stage(name, stage_config(name, keys), entry, summary, shardable)
     return STAGES[name]
 
 
@@ -177,15 +110,31 @@ def get_stage(name: str) -> Stage:
     return STAGES[name]
 
 
-register_stage("exactness", ExactnessConfig, "benchmarks.stage_speed:stage_exactness",
+# Key groups: stages that generate text; ... over an emulated link, with proposer options
+# (decoding_options: {name: {option: value}}); the attack data of the stages that train and score attackers.
+GENERATION = "decodings:list tokens:int"
+LINK = f"{GENERATION} rtt_ms:list bandwidth_mbps:float decoding_options:dict"
+ATTACK_DATA = "corpora:list train_tokens:int test_tokens:int max_length:int options:dict"
+
+register_stage("exactness", "benchmarks.stage_speed:stage_exactness", f"{GENERATION} splits:list prompts:int",
                "greedy split vs unsplit generation per split and decoding, fp32 on the wire")
-register_stage("speed", SpeedConfig, "benchmarks.stage_speed:stage_speed",
+register_stage("speed", "benchmarks.stage_speed:stage_speed",
+               f"{LINK} head_depths:list tail_layers:int prompts_per_category:int categories:list wire_dtype:str",
                "measured and modelled tok/s per head depth x decoding x RTT")
-register_stage("rtt_model", RttModelConfig, "benchmarks.stage_speed:stage_rtt_model",
+register_stage("rtt_model", "benchmarks.stage_speed:stage_rtt_model", f"{LINK} split:str prompts:int project_rtt_ms:list",
                "leave-one-RTT-out fit of the step-time model, projected over RTTs")
-register_stage("ngram_ablation", NgramAblationConfig, "benchmarks.stage_ablation:stage_ngram_ablation",
+register_stage("ngram_ablation", "benchmarks.stage_ablation:stage_ngram_ablation",
+               "n:list categories:list prompts_per_category:int tokens:int split:str lookahead_n:list",
                "the seed paper's n-gram / lookahead ablation (tau per proposer and category)")
-register_stage("attacks", AttacksConfig, "benchmarks.stage_attacks:stage_attacks",
-               "inversion attackers trained and scored per head/tail depth and corpus", shardable=True)
-register_stage("defenses", DefensesConfig, "benchmarks.stage_defenses:stage_defenses",
+# attacks: wire_tokens = generated tokens per corpus scored on wire taps (the output side)
+register_stage("attacks", "benchmarks.stage_attacks:stage_attacks",
+               f"head_depths:list tail_depths:list attacks:list {ATTACK_DATA} seed_protocol:bool wire_tokens:int "
+               "val_tokens:int defense:str", "inversion attackers trained and scored per head/tail depth and corpus",
+               shardable=True)
+# defenses: canonical specs ("none" = undefended); time_budget_s is enforced (no new configuration starts
+# after it), budget_s only reported; paired_k = known-plaintext pairs per paired attacker against privately
+# changed local layers
+register_stage("defenses", "benchmarks.stage_defenses:stage_defenses",
+               f"head_depths:list tail_layers:int defenses:list attackers:list {ATTACK_DATA} utility_sequences:int "
+               "categories:list tokens:int decoding_options:dict overhead:list time_budget_s:float paired_k:list",
                "defense x strength x adaptive attacker per head depth: recovery, utility and cost", shardable=True)

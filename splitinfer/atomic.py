@@ -14,7 +14,9 @@ Every writer of a cache, checkpoint, head or results file goes through here:
   is what readers check (a directory without the marker is a leftover of an
   interrupted write: rebuild it).
 - :func:`guard_overwrite` refuses to overwrite an artefact of a *different*
-  run (another identity) unless ``force``: training checkpoints and draft heads.
+  run (another identity) unless ``force``: training checkpoints and draft heads;
+  :func:`check_made_for` is the reader's side: an artefact's JSON description
+  must have the expected format, version and identity.
 
 The rename step is :func:`_commit`; tests replace it to inject a failure
 between the write and the rename.
@@ -185,6 +187,18 @@ def guard_overwrite(existing_config: str | os.PathLike[str], identity: dict, key
     if old != identity:
         raise error(f"{path.parent} already holds {what} of a different run; pass --force to overwrite it, "
                     "or choose another output directory")
+
+
+def check_made_for(info: Any, path: str | os.PathLike[str], fmt: str, version: int, expect: dict | None,
+                   what: str, fix: str) -> dict:
+    """``info`` (the JSON description at ``path``) checked: ``format`` ``fmt`` at ``version``, and each
+    ``expect`` entry that is not None or empty equal to ``info``'s (else one-line SplitInferError ending in ``fix``)."""
+    if not isinstance(info, dict) or info.get("format") != fmt or info.get("version") != version:
+        raise SplitInferError(f"{path} is not a {fmt} v{version} file")
+    for key, want in (expect or {}).items():
+        if want not in (None, "") and info.get(key) != want:
+            raise SplitInferError(f"{what} {path} was made for {key}={info.get(key)!r}, not {want!r}; {fix}")
+    return info
 
 
 def safetensors_intact(path: str | os.PathLike[str]) -> str | None:

@@ -56,8 +56,8 @@ class CloudFlags:
 
 # ---------------------------------------------------------------------- serve
 def cmd_serve(args) -> int:
-    from splitinfer.defenses.cli_args import defense_from_args
     from splitinfer.batch_scheduler import BatchConfig
+    from splitinfer.defenses.cli_args import DefenseFlags
     from splitinfer.partition import SplitConfig
     from splitinfer.server import ServerConfig, load_body, make_service, run_server
     from splitinfer.ws_link import read_token_file
@@ -80,7 +80,7 @@ def cmd_serve(args) -> int:
     service = make_service(body, info, args.max_sessions, args.max_context, args.idle_timeout_s,
                            int(args.max_frame_mb * 2**20), args.max_sessions_per_connection, args.stats_all,
                            BatchConfig(max_batch=args.max_batch, window_ms=args.batch_window_ms))
-    service.set_defense(defense_from_args(args))  # the cloud's side: quantised frames, reply noise
+    service.set_defense(DefenseFlags.from_args(args).pipeline())  # the cloud's side: quantised frames, reply noise
     log.info("body of %s split %s: layers %d..%d, sha256 %s", args.model, split, body.first_layer,
              body.first_layer + len(body.layers) - 1, info.body_sha256[:16])
 

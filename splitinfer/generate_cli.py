@@ -26,14 +26,14 @@ def cmd_generate(args) -> int:
     from splitinfer.client import SplitModel
     from splitinfer.cloud_cli import CloudFlags
     from splitinfer.decoding.cli_args import DecodingFlags
-    from splitinfer.defenses.cli_args import defense_from_args
+    from splitinfer.defenses.cli_args import DefenseFlags
 
     model, link = ModelFlags.from_args(args), LinkFlags.from_args(args)
     decoding = DecodingFlags.from_args(args)
     loaded = model.load()
     wan = link.wan(seed=model.seed)
     sm = SplitModel(loaded, args.split, cloud=CloudFlags.from_args(args).link(wan), wan=wan,
-                    wire_dtype=link.wire_dtype, defense=defense_from_args(args))
+                    wire_dtype=link.wire_dtype, defense=DefenseFlags.from_args(args).pipeline())
     stream_to = sys.stderr if args.json else sys.stdout
     res = sm.generate(
         args.prompt,

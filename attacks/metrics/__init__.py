@@ -9,12 +9,12 @@ paired bootstrap of a difference) and :mod:`~attacks.metrics.summary`
 
 from attacks.metrics.baselines import (TokenPrior, coverage, uniform_baseline, unigram_prior_baseline,
                                        unigram_prior_hits)
-from attacks.metrics.core import (exact_match, pii_recovery, pii_recovery_per_doc, pii_spans_recovered,
+from attacks.metrics.core import (exact_match, pii_recovery_per_doc, pii_spans_recovered,
                                   token_accuracy_topk, token_f1)
 from attacks.metrics.intervals import bootstrap_ci, clopper_pearson, interval, paired_bootstrap_diff
 from attacks.metrics.summary import scoped_counts, summarize
 
 __all__ = ["TokenPrior", "bootstrap_ci", "clopper_pearson", "coverage", "exact_match", "interval",
-           "paired_bootstrap_diff", "pii_recovery", "pii_recovery_per_doc", "pii_spans_recovered", "scoped_counts",
+           "paired_bootstrap_diff", "pii_recovery_per_doc", "pii_spans_recovered", "scoped_counts",
            "summarize", "token_accuracy_topk", "token_f1", "uniform_baseline", "unigram_prior_baseline",
            "unigram_prior_hits"]

@@ -5,8 +5,8 @@
   ``k`` guesses.  Aggregated over tokens (micro average).
 * :func:`token_f1` -- bag-of-tokens (multiset) F1 per document (macro average).
 * :func:`exact_match` -- whether each document was recovered entirely.
-* :func:`pii_recovery` / :func:`pii_recovery_per_doc` -- share of PII spans
-  recovered character-exactly, per PII type (see :func:`pii_spans_recovered`
+* :func:`pii_recovery_per_doc` -- PII spans recovered character-exactly,
+  per PII type and document (sum over documents for totals) (see :func:`pii_spans_recovered`
   for the criterion used on token-level predictions).
 
 Baselines are in :mod:`attacks.metrics.baselines`, intervals in
@@ -273,16 +273,3 @@ def pii_recovery_per_doc(
         logger.debug("%d PII span(s) lie outside the tokenized text and were not scored", skipped)
     return counts
 
-
-def pii_recovery(
-    true_ids: Sequence[ArrayLike],
-    pred_ids: Sequence[ArrayLike],
-    offsets: Sequence[ArrayLike],
-    spans: Sequence[Sequence[Mapping[str, Any]]],
-) -> dict[str, tuple[int, int]]:
-    """Per-type ``(recovered, total)`` PII span counts summed over documents.
-
-    Same inputs and criterion as :func:`pii_recovery_per_doc`.
-    """
-    per_doc = pii_recovery_per_doc(true_ids, pred_ids, offsets, spans)
-    return {kind: (int(r.sum()), int(t.sum())) for kind, (r, t) in per_doc.items()}

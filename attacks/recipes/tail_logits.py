@@ -31,6 +31,7 @@ from attacks.base import Inversion, InversionAttack
 from attacks.errors import AttackError
 from attacks.registry import register_attack
 from attacks.tapdata import Taps
+from attacks.boundary import Boundary
 
 
 @register_attack("tail-logits")
@@ -52,10 +53,11 @@ class TailLogits(InversionAttack):
         self.fit_report["trained"] = False  # nothing to learn: the published weights are the attack
 
     def _tail_layers(self) -> int:
-        b = str(self.meta.get("boundary") or "")
-        if not b.startswith("tail:"):
+        b = self.meta.get("boundary")
+        boundary = Boundary.parse(b) if b else None
+        if boundary is None or boundary.side != "tail":
             raise AttackError(f"tail-logits needs taps at a tail boundary (tail:B), got {b or 'none'}")
-        return int(b[len("tail:"):])
+        return boundary.layers
 
     def _stack(self) -> Any:
         from splitinfer.partition import LocalTail, SplitConfig

@@ -27,11 +27,12 @@ import importlib
 import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
 from splitinfer.decoding.tree import validate_parents
 from splitinfer.errors import SplitInferError
+from splitinfer.timing import StepCostModel
 
 if TYPE_CHECKING:
     import torch
@@ -98,6 +99,35 @@ class LocalModules:
     tail: object  # LocalTail: (1, T, d) -> (1, T, V) logits
     num_layers: int
     model_sha256: str = ""
+
+
+@dataclass(frozen=True)
+class SizingOptions:
+    """The options of the proposers that size their trees by expected tokens per unit of step time.
+
+    ``combined``, ``local-draft`` and ``feature-draft`` take them as keyword
+    options (a constructor declares ``**sizing``; :func:`proposer_options`
+    lists them): ``adaptive`` sizing on or off, the target link ``rtt_ms`` /
+    ``bandwidth_mbps`` (None: the run's link), a fixed step cost ``step_ms`` and
+    ``token_ms`` (both or neither; None: fitted online) and the ``decay`` of the
+    online acceptance statistics.
+    """
+
+    adaptive: bool = True
+    rtt_ms: float | None = None
+    bandwidth_mbps: float | None = None
+    step_ms: float | None = None
+    token_ms: float | None = None
+    decay: float = 0.98
+
+    def link(self) -> dict[str, float | None]:
+        """The step-cost options alone (what a sized proposer hands the sources it combines)."""
+        return {"rtt_ms": self.rtt_ms, "bandwidth_mbps": self.bandwidth_mbps, "step_ms": self.step_ms,
+                "token_ms": self.token_ms}
+
+    def cost_model(self) -> StepCostModel:
+        """A fresh step-cost model for these options."""
+        return StepCostModel(**self.link())
 
 
 @dataclass
@@ -242,9 +272,11 @@ def list_proposers() -> list[str]:
 
 def proposer_options(name: str) -> dict[str, object]:
     """The keyword options ``name`` accepts, with their defaults."""
-    cls = _proposer_class(name)
-    sig = inspect.signature(cls.__init__)
-    return {k: p.default for k, p in sig.parameters.items() if k != "self" and p.kind == p.KEYWORD_ONLY}
+    params = inspect.signature(_proposer_class(name).__init__).parameters
+    options = {k: p.default for k, p in params.items() if k != "self" and p.kind == p.KEYWORD_ONLY}
+    if "sizing" in params and params["sizing"].kind == inspect.Parameter.VAR_KEYWORD:
+        options.update((f.name, f.default) for f in fields(SizingOptions))
+    return options
 
 
 def _proposer_class(name: str) -> type[Proposer]:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from splitinfer.atomic import check_made_for
 from splitinfer.errors import SplitInferError
 
 log = logging.getLogger(__name__)
@@ -113,12 +114,7 @@ class RidgeBridge:
             info = json.loads(js.read_text())
         except (OSError, ValueError) as e:
             raise SplitInferError(f"{js} is not readable JSON ({type(e).__name__}); recalibrate") from None
-        if not isinstance(info, dict) or info.get("format") != FORMAT or info.get("version") != VERSION:
-            raise SplitInferError(f"{js} is not a {FORMAT} v{VERSION} file")
-        for key, want in (expect or {}).items():
-            if want not in (None, "") and info.get(key) != want:
-                raise SplitInferError(f"bridge calibration {js} was made for {key}={info.get(key)!r}, not {want!r}; "
-                                      "recalibrate for this model and split")
+        check_made_for(info, js, FORMAT, VERSION, expect, "bridge calibration", "recalibrate for this model and split")
         try:
             tensors = load_file(str(st))
         except Exception as e:  # safetensors raises several types on corrupt files

@@ -46,11 +46,7 @@ class DecodingFlags:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DecodingFlags:
-        return cls(name=args.decoding, options=decoding_options(args))
-
-
-def decoding_options(args: argparse.Namespace) -> dict:
-    """The options dict for :func:`~splitinfer.decoding.base.make_proposer` from flags of :func:`add_decoding_args`."""
-    flags = vars(args)
-    opts = {k: flags[k] for k in FLAGS if flags[k] is not None}
-    return {**opts, **parse_options(args.decoding_option, "--decoding-option")}
+        """The flags of :func:`add_decoding_args`; ``options`` is what :func:`~.base.make_proposer` takes."""
+        flags = vars(args)
+        opts = {k: flags[k] for k in FLAGS if flags[k] is not None}
+        return cls(name=args.decoding, options={**opts, **parse_options(args.decoding_option, "--decoding-option")})

@@ -39,6 +39,7 @@ from splitinfer.decoding.base import (
     Candidate,
     Draft,
     Proposer,
+    SizingOptions,
     StepFeedback,
     check_positive,
     make_proposer,
@@ -47,7 +48,6 @@ from splitinfer.decoding.base import (
 from splitinfer.decoding.lookahead import Lookahead
 from splitinfer.decoding.merge import best_size, merge_candidates, ranked_nodes, select
 from splitinfer.errors import SplitInferError
-from splitinfer.timing import StepCostModel
 
 SOURCES = ("suffix", "prompt-lookup", "ngram-pool", "token-recycling", "local-draft", "feature-draft")
 # Training-free defaults (token-recycling: +0.14 tau over the other three, reports/decoding/report.txt);
@@ -95,12 +95,6 @@ class Combined(Proposer):
         *,
         draft_budget: int = 32,
         sources: str = ",".join(DEFAULT_SOURCES),
-        adaptive: bool = True,
-        rtt_ms: float | None = None,
-        bandwidth_mbps: float | None = None,
-        step_ms: float | None = None,
-        token_ms: float | None = None,
-        decay: float = 0.98,
         lookahead: str = "auto",
         window: int = 4,
         ngram: int = 4,
@@ -108,23 +102,23 @@ class Combined(Proposer):
         calibration: str | None = None,
         draft_head: str | None = None,
         shortlist: bool = True,
+        **sizing,  # SizingOptions
     ):
         self.budget = check_positive("draft_budget", draft_budget)
         names = [s.strip() for s in str(sources).split(",") if s.strip()]
         bad = [s for s in names if s not in SOURCES]
         if not names or bad:
             raise SplitInferError(f"combined sources must be a comma list from {', '.join(SOURCES)}; got {sources!r}")
-        self.adaptive, self.decay = bool(adaptive), float(decay)
-        self.cost = StepCostModel(rtt_ms, bandwidth_mbps, step_ms, token_ms)
+        opts = SizingOptions(**sizing)
+        self.adaptive, self.decay = bool(opts.adaptive), float(opts.decay)
+        self.cost = opts.cost_model()
         sub_opts = {
             "suffix": {"draft_budget": self.budget, "alpha": 4.0, "min_prob": 0.02},
             "prompt-lookup": {"draft_budget": min(self.budget, 16), "candidates": 4},
             "ngram-pool": {"ngram": 5, "pool": 5},
             "token-recycling": {"draft_budget": self.budget},
-            "local-draft": {"draft_budget": min(self.budget, 8), "rtt_ms": rtt_ms, "bandwidth_mbps": bandwidth_mbps,
-                            "step_ms": step_ms, "token_ms": token_ms, "calibration": calibration},
-            "feature-draft": {"draft_budget": min(self.budget, 16), "rtt_ms": rtt_ms, "bandwidth_mbps": bandwidth_mbps,
-                              "step_ms": step_ms, "token_ms": token_ms, "draft_head": draft_head,
+            "local-draft": {"draft_budget": min(self.budget, 8), **opts.link(), "calibration": calibration},
+            "feature-draft": {"draft_budget": min(self.budget, 16), **opts.link(), "draft_head": draft_head,
                               "shortlist": shortlist},
         }
         self.sources = {name: make_proposer(name, **sub_opts[name]) for name in names}

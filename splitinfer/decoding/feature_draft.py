@@ -80,13 +80,8 @@ class FeatureDraft(ModelDrafter):
         beam: int = 3,
         max_depth: int = 8,
         min_prob: float = 0.02,
-        adaptive: bool = True,
-        rtt_ms: float | None = None,
-        bandwidth_mbps: float | None = None,
-        step_ms: float | None = None,
-        token_ms: float | None = None,
-        decay: float = 0.98,
         shortlist: bool = True,
+        **sizing,  # SizingOptions
     ):
         self.budget = check_positive("draft_budget", draft_budget)
         self.topk = check_positive("topk", topk)
@@ -100,7 +95,7 @@ class FeatureDraft(ModelDrafter):
             raise SplitInferError(f"option shortlist must be true or false, got {shortlist!r}")
         self.path, self.min_prob = draft_head, float(min_prob)
         self.use_shortlist = shortlist
-        self._init_drafter(adaptive, rtt_ms, bandwidth_mbps, step_ms, token_ms, decay)
+        self._init_drafter(sizing)
         self._key: tuple | None = None
         self.head = None
         self.info: dict = {}

@@ -40,6 +40,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from splitinfer.atomic import check_made_for
 from splitinfer.errors import SplitInferError
 
 FORMAT = "splitinfer-feature-draft"
@@ -151,12 +152,8 @@ def load_head(path: str | Path, expect: dict | None = None) -> tuple[FeatureHead
         dim, hidden = int(info["hidden_size"]), int(info["mlp_hidden"])
     except (ValueError, KeyError, TypeError) as e:
         raise SplitInferError(f"{js} is not a readable feature-draft config ({type(e).__name__}); retrain") from None
-    if info.get("format") != FORMAT or info.get("version") != VERSION:
-        raise SplitInferError(f"{js} is not a {FORMAT} v{VERSION} file")
-    for key, want in (expect or {}).items():
-        if want not in (None, "") and info.get(key) != want:
-            raise SplitInferError(f"feature-draft head {js} was made for {key}={info.get(key)!r}, not {want!r}; "
-                                  "train one for this model with `splitinfer draft-train`")
+    check_made_for(info, js, FORMAT, VERSION, expect, "feature-draft head",
+                   "train one for this model with `splitinfer draft-train`")
     try:
         tensors = load_file(str(st))
     except (SafetensorError, OSError, ValueError) as e:

@@ -68,16 +68,11 @@ class LocalDraft(ModelDrafter):
         *,
         draft_budget: int = 8,
         alternatives: int = 2,
-        adaptive: bool = True,
         calibration: str | None = None,
         ridge: float = 30.0,
         refit_every: int = 8,
-        rtt_ms: float | None = None,
-        bandwidth_mbps: float | None = None,
-        step_ms: float | None = None,
-        token_ms: float | None = None,
         draft_ms: float | None = None,
-        decay: float = 0.98,
+        **sizing,  # SizingOptions
     ):
         self.budget = check_positive("draft_budget", draft_budget)
         if isinstance(alternatives, bool) or not isinstance(alternatives, int) or not 0 <= alternatives <= draft_budget:
@@ -90,7 +85,7 @@ class LocalDraft(ModelDrafter):
         if calibration is not None and not isinstance(calibration, str):
             raise SplitInferError(f"option calibration must be a file path, got {calibration!r}")
         self.calibration, self.ridge = calibration, float(ridge)
-        self._init_drafter(adaptive, rtt_ms, bandwidth_mbps, step_ms, token_ms, decay, draft_ms)
+        self._init_drafter(sizing, draft_ms)
         self._key: tuple | None = None  # (model, head layers, tail layers) the bridge and stats belong to
         self.bridge: RidgeBridge | None = None
         self._reset_caches()

@@ -12,11 +12,10 @@ same way for both, ``(fixed_ms, per_token_ms, draft_ms per drafted token)``.
 
 from __future__ import annotations
 
-from splitinfer.decoding.base import Candidate, DecodingEnv, Draft, LocalModules, Proposer
+from splitinfer.decoding.base import Candidate, DecodingEnv, Draft, LocalModules, Proposer, SizingOptions
 from splitinfer.decoding.combined import AcceptanceStats
 from splitinfer.decoding.merge import best_size, merge_candidates, ranked_nodes, select
 from splitinfer.errors import SplitInferError
-from splitinfer.timing import StepCostModel
 
 
 class ModelDrafter(Proposer):
@@ -24,13 +23,14 @@ class ModelDrafter(Proposer):
 
     needs_model = True
 
-    def _init_drafter(self, adaptive: bool, rtt_ms, bandwidth_mbps, step_ms, token_ms, decay: float,
-                      draft_ms: float | None = None) -> None:
+    def _init_drafter(self, sizing: dict, draft_ms: float | None = None) -> None:
+        """Set up sizing from the constructor's ``**sizing`` options (:class:`SizingOptions`) and ``draft_ms``."""
         if draft_ms is not None and (isinstance(draft_ms, bool) or not isinstance(draft_ms, (int, float))
                                      or draft_ms < 0):
             raise SplitInferError(f"option draft_ms must be a number >= 0 (ms per drafted token), got {draft_ms!r}")
-        self.adaptive, self.decay = bool(adaptive), float(decay)
-        self.cost = StepCostModel(rtt_ms, bandwidth_mbps, step_ms, token_ms)
+        opts = SizingOptions(**sizing)
+        self.adaptive, self.decay = bool(opts.adaptive), float(opts.decay)
+        self.cost = opts.cost_model()
         self.stats = AcceptanceStats(decay=self.decay)
         self.fixed_draft_ms = None if draft_ms is None else float(draft_ms)
         self.draft_token_ms = 15.0  # running mean of drafting time per drafted token (ms)

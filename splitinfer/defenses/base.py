@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 from splitinfer.errors import SplitInferError
-from splitinfer.registry import claim, import_modules
+from splitinfer.registry import claim, import_modules, lookup
 
 __all__ = ["DefenseError", "Defense", "register_defense", "list_defenses", "get_defense_class", "parse_items",
            "format_items", "parse_option_value"]
@@ -86,7 +86,6 @@ class Defense:
 
 
 _REGISTRY: dict[str, type[Defense]] = {}
-_LOADED = False
 
 
 def register_defense(name: str) -> Callable[[type], type]:
@@ -106,21 +105,15 @@ def register_defense(name: str) -> Callable[[type], type]:
 
 
 def _load() -> None:
-    global _LOADED
-    if not _LOADED:
-        from pathlib import Path
+    from pathlib import Path
 
-        # this package's defense modules, found by directory (importing the package here would be a cycle)
-        import_modules("splitinfer.defenses", Path(__file__).parent, skip=("base", "pipeline", "keyed", "cli_args"))
-        _LOADED = True
+    # this package's defense modules, found by directory (importing the package here would be a cycle)
+    import_modules("splitinfer.defenses", Path(__file__).parent, skip=("base", "pipeline", "keyed", "cli_args"))
 
 
 def get_defense_class(name: str) -> type[Defense]:
     _load()
-    if name not in _REGISTRY:
-        raise DefenseError(f"unknown defense {name!r}; choose one of none, {', '.join(sorted(_REGISTRY))} "
-                           "(see docs/defenses.md)")
-    return _REGISTRY[name]
+    return lookup(_REGISTRY, name, "defense", DefenseError, "see docs/defenses.md", also=("none",))
 
 
 def list_defenses() -> list[dict[str, Any]]:

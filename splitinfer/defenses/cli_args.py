@@ -1,8 +1,13 @@
-"""The ``--defense`` / ``--defense-option`` flags every command that runs or attacks a split shares."""
+"""The ``--defense`` / ``--defense-option`` flags every command that runs or attacks a split shares.
+
+:meth:`DefenseFlags.from_args` turns them into a frozen config at the command-line edge; code below it
+takes the config (or the :class:`DefensePipeline` it builds), never the argparse namespace.
+"""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 from splitinfer.defenses.pipeline import DefensePipeline
 
@@ -15,6 +20,17 @@ def add_defense_args(p: argparse.ArgumentParser) -> None:
                    help="a defense parameter (repeatable), e.g. noise.sigma=0.05 or quant.format=int4")
 
 
-def defense_from_args(args: argparse.Namespace) -> DefensePipeline:
-    """The composed defense the flags name (DefenseError, one line, on a bad spec)."""
-    return DefensePipeline.parse(getattr(args, "defense", "none"), getattr(args, "defense_option", None) or [])
+@dataclass(frozen=True)
+class DefenseFlags:
+    """What ``--defense`` and ``--defense-option`` chose: the spec and the ``[name.]KEY=VALUE`` overrides."""
+
+    spec: str = "none"
+    options: tuple[str, ...] = ()
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> DefenseFlags:
+        return cls(args.defense, tuple(args.defense_option))
+
+    def pipeline(self) -> DefensePipeline:
+        """The composed defense the flags name (DefenseError, one line, on a bad spec)."""
+        return DefensePipeline.parse(self.spec, list(self.options))

@@ -14,29 +14,24 @@ names that path; its strength axis is (rank, steps), read from the adapter.
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from splitinfer.defenses.base import Defense, DefenseError, register_defense
-from splitinfer.defenses.lora_random import TARGETS, merge_lora, with_head_layers
+from splitinfer.defenses.base import DefenseError, register_defense
+from splitinfer.defenses.lora_random import HeadLora, lora_holder, with_head_layers
 
 log = logging.getLogger(__name__)
 
 
 def _lora_layers(layers: torch.nn.ModuleList, rank: int, seed: int) -> torch.nn.Module:
-    from peft import LoraConfig, inject_adapter_in_model
-
     torch.manual_seed(seed)  # peft's default init: A random (kaiming), B zero, so training starts at the base model
-    holder = torch.nn.Module()
-    holder.layers = torch.nn.ModuleList([copy.deepcopy(m) for m in layers])
-    inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=rank, target_modules=list(TARGETS), lora_dropout=0.0),
-                            holder)
+    holder = lora_holder(layers, rank)
     for name, p in holder.named_parameters():
         p.requires_grad_("lora_" in name)
     return holder
@@ -84,14 +79,13 @@ def train_adapter(loaded, depth: int, texts: Sequence[str], out: str | Path, *, 
 
 @register_defense("lora-private")
 @dataclass(frozen=True)
-class LoraPrivate(Defense):
+class LoraPrivate(HeadLora):
     """A privately trained LoRA adapter on the head layers (``adapter``: a directory from train_adapter)."""
 
     adapter: str = ""
     rank: int = 8
     steps: int = 100
 
-    kind = "model"
     strength = ("rank", "steps")
     secret = ("adapter",)
 
@@ -103,8 +97,8 @@ class LoraPrivate(Defense):
         """The public label: the adapter's location is part of the secret."""
         return self.label(public=True)
 
-    def apply_head(self, head: torch.nn.Module) -> None:
-        """Replace ``head.layers`` by private copies with the adapter merged."""
+    def lora_init(self, head: torch.nn.Module) -> Callable[[str, Any], None]:
+        """The adapter's trained weights (checked to cover this head at this rank)."""
         from safetensors.torch import load_file
 
         path = Path(self.adapter)
@@ -121,4 +115,4 @@ class LoraPrivate(Defense):
             for part in ("lora_A", "lora_B"):
                 getattr(m, part)["default"].weight.copy_(weights[f"{name}.{part}.default.weight"])
 
-        head.layers = merge_lora(head.layers, self.rank, init)
+        return init

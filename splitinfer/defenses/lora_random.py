@@ -15,7 +15,9 @@ public weights only is ``shadow`` (DESIGN.md section 4).
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -24,16 +26,28 @@ from splitinfer.defenses.base import Defense, DefenseError, register_defense
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def merge_lora(layers: torch.nn.ModuleList, rank: int, init) -> torch.nn.ModuleList:
-    """Private copies of ``layers`` with a peft LoRA (rank) whose weights ``init(name, lora_module)`` sets, merged."""
+def lora_holder(layers: torch.nn.ModuleList, rank: int, random_b: bool = False) -> torch.nn.Module:
+    """A module whose ``layers`` are private copies of ``layers`` with a peft LoRA of ``rank`` on every TARGETS map.
+
+    peft's initialisation: A random (kaiming) and B zero, so the copies compute
+    the base function, unless ``random_b`` (B random too; for callers that set
+    the weights themselves).
+    """
     from peft import LoraConfig, inject_adapter_in_model
-    from peft.tuners.lora import LoraLayer
 
     holder = torch.nn.Module()
     holder.layers = copy.deepcopy(layers)
     config = LoraConfig(r=rank, lora_alpha=rank, target_modules=list(TARGETS), lora_dropout=0.0,
-                        init_lora_weights=False)
+                        init_lora_weights=not random_b)
     inject_adapter_in_model(config, holder)
+    return holder
+
+
+def merge_lora(layers: torch.nn.ModuleList, rank: int, init) -> torch.nn.ModuleList:
+    """Private copies of ``layers`` with a peft LoRA (rank) whose weights ``init(name, lora_module)`` sets, merged."""
+    from peft.tuners.lora import LoraLayer
+
+    holder = lora_holder(layers, rank, random_b=True)
     lora = [(n, m) for n, m in holder.named_modules() if isinstance(m, LoraLayer)]
     if not lora:
         raise DefenseError(f"lora: the head layers have none of the linear maps {', '.join(TARGETS)}")
@@ -58,16 +72,30 @@ def with_head_layers(model: torch.nn.Module, layers: list) -> torch.nn.Module:
     return out
 
 
+class HeadLora(Defense):
+    """Base of the defenses that merge a LoRA update (weights from :meth:`lora_init`) into copies of the head layers."""
+
+    kind = "model"
+    rank: int
+
+    def lora_init(self, head: torch.nn.Module) -> Callable[[str, Any], None]:  # pragma: no cover - each defense sets it
+        """``init(name, lora_module)``: sets the adapter weights of one wrapped linear map."""
+        raise NotImplementedError
+
+    def apply_head(self, head: torch.nn.Module) -> None:
+        """Replace ``head.layers`` by private copies with the update merged."""
+        head.layers = merge_lora(head.layers, self.rank, self.lora_init(head))
+
+
 @register_defense("lora-random")
 @dataclass(frozen=True)
-class LoraRandom(Defense):
+class LoraRandom(HeadLora):
     """Random rank-``rank`` update of relative Frobenius size ``scale`` on every head linear map."""
 
     rank: int = 8
     scale: float = 0.1
     seed: int = 0
 
-    kind = "model"
     strength = ("rank", "scale")
     secret = ("seed",)
 
@@ -77,8 +105,8 @@ class LoraRandom(Defense):
         if not self.scale >= 0:
             raise DefenseError(f"lora-random: scale={self.scale} must be >= 0; e.g. lora-random.scale=0.1")
 
-    def apply_head(self, head: torch.nn.Module) -> None:
-        """Replace ``head.layers`` by perturbed private copies."""
+    def lora_init(self, head: torch.nn.Module) -> Callable[[str, Any], None]:
+        """Seeded N(0, 1) draws for A and B, B rescaled to ``||B A||_F = scale * ||W||_F``."""
         gen = torch.Generator().manual_seed(self.seed)
 
         def init(name: str, m) -> None:
@@ -89,4 +117,4 @@ class LoraRandom(Defense):
             delta = (b.float() @ a.float()).norm()
             b.mul_(self.scale * base.float().norm() / delta if delta > 0 else 0.0)
 
-        head.layers = merge_lora(head.layers, self.rank, init)
+        return init

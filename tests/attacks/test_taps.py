@@ -10,12 +10,13 @@ import pytest
 import torch
 
 from attacks import taps as taps_mod
+from attacks.boundary import Boundary
 from attacks.errors import AttackError
-from splitinfer.corpora import CorpusError
-from attacks.taps import Boundary, TruncatedForward, extract_corpora, extract_taps, plan_batches
+from attacks.taps import TruncatedForward, extract_corpora, extract_depths, extract_taps, plan_batches
 from attacks.tapstore import TapSet
 from attacks.wiretap import WireTap
 from splitinfer.client import SplitModel
+from splitinfer.corpora import CorpusError
 
 TEXTS = [
     "Hello world, this is a test.",  # 28 bytes
@@ -50,20 +51,6 @@ def sent_by_local_head(tiny, split: str, text: str) -> tuple[torch.Tensor, torch
         sm.generate(text, 1, stop_on_eos=False)
     step = wt.steps[0]
     return step.sent, step.returned  # (T, d) each
-
-
-# ---------------------------------------------------------------------------- boundaries
-
-
-def test_boundary_parse_depth_and_limits() -> None:
-    assert Boundary.parse("head:2") == Boundary("head", 2) and str(Boundary.parse(" tail:3 ")) == "tail:3"
-    assert Boundary.parse("head:2").depth(30) == 2 and Boundary.parse("tail:4").depth(30) == 26
-    for bad in ("mid:3", "head", "head:x", "head:-1", "2"):
-        with pytest.raises(AttackError, match="bad boundary"):
-            Boundary.parse(bad)
-    for bad in ("head:0", "head:29", "tail:0", "tail:29"):
-        with pytest.raises(AttackError, match=r"outside the model: it has 30 layers.*\[1, 28\]"):
-            Boundary.parse(bad).depth(30)
 
 
 def test_plan_batches_exact_groups_equal_lengths_only() -> None:
@@ -284,3 +271,11 @@ def test_real_model_head_states_equal_local_head(real_model, tmp_path: Path, bat
     ts = extract_taps(real_model, c, "head:2", dtype="fp32", batch_size=batch_size, progress=False)
     assert len(ts) == 4
     assert_same_as_wire(ts, real_model, "2,2", 0, exact=batch_size == 1)
+
+
+def test_extract_depths_keys_taps_as_the_boundaries_were_given(tiny, corpus: str) -> None:
+    """Code passes Boundary objects and gets them back as keys; a string is keyed by its canonical form."""
+    head, tail = Boundary("head", 1), Boundary("tail", 2)
+    got = extract_depths(tiny, corpus, [head, tail, " head:2"], max_length=16, progress=False)
+    assert list(got) == [head, tail, "head:2"]
+    assert got[head].meta["boundary"] == "head:1" and got[tail].meta["depth"] == tiny.num_layers - 2

@@ -9,6 +9,7 @@ import pytest
 
 from attacks.errors import AttackError
 from attacks.registry import list_attacks
+from attacks.boundary import Boundary
 from benchmarks.attack_grid import ALIASES, GridConfig, Victim, check_row, plan, row_threat_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,8 +33,8 @@ def test_no_caller_branches_on_a_recipe_name() -> None:
 def test_plan_reads_the_recipe_classes() -> None:
     cfg = GridConfig(head_depths=(1, 2), tail_layers=(2,), attacks=("vocab-match", "linear-probe", "output-probe",
                                                                     "tail-logits", "depth-id"), prefix_depths=(2,))
-    depth_of = {"head:1": 1, "head:2": 2, "tail:2": 4}
-    jobs = [(j.name, j.boundary) for j in plan(cfg, depth_of)]
+    depth_of = {Boundary("head", 1): 1, Boundary("head", 2): 2, Boundary("tail", 2): 4}
+    jobs = [(j.name, str(j.boundary)) for j in plan(cfg, depth_of)]
     assert jobs == [("linear-probe", "head:1"), ("linear-probe", "head:2"), ("vocab-match", "head:2"),
                     ("output-probe", "tail:2"), ("tail-logits", "tail:2")]  # depth-id: depth_rows; proposer first
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from attacks.boundary import Boundary
 from benchmarks.attack_grid import GridConfig, extract, plan, run_job
 from benchmarks.attack_wire import next_token_targets
 
@@ -26,7 +27,7 @@ def _tail_logits_grid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny):
 def test_tail_logits_recovers_generated_tokens_from_wire_traffic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                  tiny) -> None:
     cfg, data = _tail_logits_grid(tmp_path, monkeypatch, tiny)
-    target = next_token_targets(tiny, cfg, data, "tail:2")
+    target = next_token_targets(tiny, cfg, data, Boundary("tail", 2))
     assert target.scored_on == "wire" and len(target.rows) == 64  # every generated token, none of the prompt
     assert target.traffic["wire_draft_frames"] > 0 and target.traffic["wire_rejected_rows"] > 0  # drafts on the wire
     sent_next = target.taps.next_token_ids()[target.rows]  # the generated token, when it was sent back afterwards
@@ -36,7 +37,7 @@ def test_tail_logits_recovers_generated_tokens_from_wire_traffic(tmp_path: Path,
     row = run_job(tiny, cfg, data, job, {})[0]
     assert row["scored_on"] == "wire" and row["leaks"] == "output" and row["test_tokens"] == 64
     assert row["metrics"]["token_acc_top1"]["value"] == 1.0  # greedy output: the public tail gives it exactly
-    assert next_token_targets(tiny, cfg, data, "tail:2") is target  # generated once per grid and boundary
+    assert next_token_targets(tiny, cfg, data, Boundary("tail", 2)) is target  # generated once per grid and boundary
 
 
 def test_skipped_wire_sessions_are_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from attacks.boundary import Boundary
 from benchmarks.attacks_depth import StudyConfig, run_study, write_outputs
 from benchmarks.attacks_depth_report import markdown
 from benchmarks.schema import validate
@@ -124,7 +125,7 @@ def test_vocab_match_tries_the_linear_probe_first(tmp_path: Path, monkeypatch: p
     tiny = load_model("tiny-random")
     data = extract(tiny, grid_config(cfg))
     other = grid_config(replace(cfg, hparams={**TINY, "linear-probe": {"epochs": 3, "batch_size": 32}}))
-    vm, le = Job("vocab-match", "vocab-match", {}, "head:1", 1), Job("linear-embed", "linear-embed", {}, "head:1", 1)
+    vm, le = Job("vocab-match", "vocab-match", {}, Boundary("head", 1), 1), Job("linear-embed", "linear-embed", {}, Boundary("head", 1), 1)
     assert job_key(other, vm, data, tiny.sha256) != job_key(grid_config(cfg), vm, data, tiny.sha256)
     assert job_key(other, le, data, tiny.sha256) == job_key(grid_config(cfg), le, data, tiny.sha256)
 
@@ -149,7 +150,7 @@ def test_resume_key_covers_data_model_and_code(tmp_path: Path, monkeypatch: pyte
         grid = grid_config(cfg)
         return grid, extract(tiny, replace(grid, corpora=(f"file:{path}",)))
 
-    job = Job("linear-probe", "linear-probe", {}, "head:1", 1)
+    job = Job("linear-probe", "linear-probe", {}, Boundary("head", 1), 1)
     grid, fox = data_of("fox")
     _, cat = data_of("cat")  # same sizes and config, other text
     key = job_key(grid, job, fox, tiny.sha256)

@@ -1,6 +1,6 @@
 import pytest
 
-from benchmarks.stages import STAGES, ExactnessConfig, SpeedConfig, get_stage
+from benchmarks.stages import STAGES, get_stage, stage_config
 from benchmarks.suite import load_suite
 from splitinfer.cli import main
 from splitinfer.errors import SplitInferError
@@ -15,7 +15,7 @@ def test_every_stage_is_registered_once_with_an_importable_entry():
 
 
 def test_stage_configs_are_frozen_and_check_types():
-    cfg = SpeedConfig.from_table({"rtt_ms": [20, 80], "bandwidth_mbps": 100, "budget_s": 30}, "s [speed]")
+    cfg = get_stage("speed").config.from_table({"rtt_ms": [20, 80], "bandwidth_mbps": 100, "budget_s": 30}, "s [speed]")
     assert cfg.bandwidth_mbps == 100 and cfg.budget_s == 30
     assert cfg.table() == {"rtt_ms": [20, 80], "bandwidth_mbps": 100}  # what the stage reads: no budget, no unset keys
     with pytest.raises(AttributeError):
@@ -26,7 +26,15 @@ def test_stage_configs_are_frozen_and_check_types():
                            ({"budget_s": "1m"}, "budget_s must be float"),
                            ({"prompt": 1}, "unknown key 'prompt'; allowed: budget_s, decodings, prompts")):
         with pytest.raises(SplitInferError, match=message):
-            ExactnessConfig.from_table(table, "s [exactness]")
+            get_stage("exactness").config.from_table(table, "s [exactness]")
+
+
+def test_stage_keys_are_declared_as_key_type_pairs():
+    config = stage_config("my_stage", "items:list count:int")
+    assert config.__name__ == "MyStageConfig"
+    assert config.from_table({"items": [1], "count": 2}, "s").table() == {"items": [1], "count": 2}
+    with pytest.raises(SplitInferError, match="key 'count' has type 'integer'; use one of list, dict"):
+        stage_config("my_stage", "count:integer")
 
 
 def test_committed_suites_give_budgets_that_fit_the_quick_limit():

@@ -144,10 +144,11 @@ def test_pii_span_outside_tokens_not_scored_and_special_tokens_ignored():
 def test_pii_recovery_counts_per_type_over_documents():
     pred_bad = PII_TRUE.copy()
     pred_bad[2] = 0  # name wrong
-    counts = M.pii_recovery(
+    per_doc = M.pii_recovery_per_doc(
         [PII_TRUE, PII_TRUE], [PII_TRUE, pred_bad], [PII_OFFSETS, PII_OFFSETS], [PII_SPANS, PII_SPANS]
     )
-    assert counts == {"name": (1, 2), "phone": (2, 2)}
+    assert {k: (r.tolist(), t.tolist()) for k, (r, t) in per_doc.items()} == {"name": ([1, 0], [1, 1]),
+                                                                           "phone": ([1, 1], [1, 1])}
     per_doc = M.pii_recovery_per_doc([PII_TRUE], [PII_TRUE], [PII_OFFSETS], [PII_SPANS[:1]])
     rec, tot = per_doc["name"]
     assert rec.tolist() == [1] and tot.tolist() == [1]
@@ -163,12 +164,12 @@ def test_pii_recovery_counts_per_type_over_documents():
 )
 def test_pii_bad_spans(span, match):
     with pytest.raises(ValueError, match=match):
-        M.pii_recovery([PII_TRUE], [PII_TRUE], [PII_OFFSETS], [[span]])
+        M.pii_recovery_per_doc([PII_TRUE], [PII_TRUE], [PII_OFFSETS], [[span]])
 
 
 def test_pii_bad_offsets_shape():
     with pytest.raises(ValueError, match=r"document 0: offsets must have shape \(7, 2\)"):
-        M.pii_recovery([PII_TRUE], [PII_TRUE], [PII_OFFSETS[:3]], [PII_SPANS])
+        M.pii_recovery_per_doc([PII_TRUE], [PII_TRUE], [PII_OFFSETS[:3]], [PII_SPANS])
 
 
 # -- baselines ----------------------------------------------------------------

@@ -44,6 +44,14 @@ def split(t):
     return t.select_sequences(range(n // 2)), t.select_sequences(range(n // 2, n))
 
 
+def invert_one_without_proposer(tiny, taps, **hparams):
+    """(attack, test sequence, inversion): fitted on half of head:2, the first other sequence inverted, no proposer."""
+    train, test = split(taps[0]["head:2"])
+    test = test.select_sequences([0])
+    attack = make_attack("vocab-match", model=tiny, proposer="none", **hparams).fit(train)
+    return attack, test, attack.invert(test)
+
+
 @pytest.mark.parametrize("boundary", ["head:1", "head:2", "head:4"])
 def test_vocab_match_recovers_every_token_fp32(tiny, taps, boundary) -> None:
     train, test = split(taps[0][boundary])
@@ -106,11 +114,7 @@ def test_match_distance_ignores_massive_dimensions() -> None:
 
 def test_gradient_guided_candidates_find_the_token(tiny, taps) -> None:
     """With the proposer's list cut to one candidate, only the SipIt-style gradient search can find the rest."""
-    train, test = split(taps[0]["head:2"])
-    test = test.select_sequences([0])
-    attack = make_attack("vocab-match", model=tiny, proposer="none", batch_sizes=[1], max_candidates=1,
-                         grad_steps=200).fit(train)
-    inv = attack.invert(test)
+    _, test, inv = invert_one_without_proposer(tiny, taps, batch_sizes=[1], max_candidates=1, grad_steps=200)
     assert accuracy(inv, test) == 1.0 and inv.info["gradient_search_rate"] > 0.5
 
 
@@ -124,11 +128,7 @@ def test_vocab_match_warns_on_one_token_sequences(tiny, taps, caplog) -> None:
 
 def test_a_capped_miss_does_not_make_the_rest_of_the_sequence_scan_in_vain(tiny, taps) -> None:
     """Behind a position the capped scan missed, the prefix is wrong: later positions must not search further."""
-    train, test = split(taps[0]["head:2"])
-    test = test.select_sequences([0])
-    attack = make_attack("vocab-match", model=tiny, proposer="none", batch_sizes=[2], max_candidates=2,
-                         grad_steps=50).fit(train)
-    inv = attack.invert(test)
+    attack, test, inv = invert_one_without_proposer(tiny, taps, batch_sizes=[2], max_candidates=2, grad_steps=50)
     n = test.n_tokens
     assert inv.info["misses"] >= 1
     first_miss = int(np.argmin(inv.scores[:, 0] > -attack.hparams["tol"]))  # first position not within tol
@@ -137,7 +137,5 @@ def test_a_capped_miss_does_not_make_the_rest_of_the_sequence_scan_in_vain(tiny,
 
 
 def test_an_uncapped_scan_never_misses(tiny, taps) -> None:
-    train, test = split(taps[0]["head:2"])
-    inv = make_attack("vocab-match", model=tiny, proposer="none", batch_sizes=[2], grad_steps=0,
-                      max_batch=256).fit(train).invert(test.select_sequences([0]))
+    _, _, inv = invert_one_without_proposer(tiny, taps, batch_sizes=[2], grad_steps=0, max_batch=256)
     assert inv.info["misses"] == 0 and inv.info["after_miss_rate"] == 0 and inv.info["accepted_rate"] == 1.0

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from splitinfer.cli import main
-from splitinfer.decoding.cli_args import add_decoding_args, decoding_options
+from splitinfer.decoding.cli_args import DecodingFlags, add_decoding_args
 from splitinfer.errors import SplitInferError
 
 
@@ -17,10 +17,12 @@ def parse(*argv):
 def test_flags_and_key_value_options():
     args = parse("--decoding", "combined", "--draft-budget", "16", "--decoding-option", "rtt_ms=80",
                  "--decoding-option", "lookahead=off", "--decoding-option", "adaptive=false")
-    assert decoding_options(args) == {"draft_budget": 16, "rtt_ms": 80, "lookahead": "off", "adaptive": False}
-    assert decoding_options(parse()) == {}
+    flags = DecodingFlags.from_args(args)
+    assert flags.name == "combined"
+    assert flags.options == {"draft_budget": 16, "rtt_ms": 80, "lookahead": "off", "adaptive": False}
+    assert DecodingFlags.from_args(parse()) == DecodingFlags()
     with pytest.raises(SplitInferError, match="KEY=VALUE"):
-        decoding_options(parse("--decoding-option", "alpha"))
+        DecodingFlags.from_args(parse("--decoding-option", "alpha"))
 
 
 def test_generate_cli_with_a_proposer_prints_decoding_metrics(capsys):

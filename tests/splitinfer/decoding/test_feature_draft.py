@@ -7,11 +7,10 @@ import torch
 
 from splitinfer.cli import main
 from splitinfer.client import SplitModel
-from splitinfer.decoding.base import DecodingEnv, Draft, StepFeedback, make_proposer
+from splitinfer.decoding.base import Draft, StepFeedback, make_proposer
 from splitinfer.decoding.feature_draft import FeatureDraft
 from splitinfer.decoding.feature_head import FeatureHead, head_files, load_head, save_head
 from splitinfer.decoding.feature_train import vocab_shortlist
-from splitinfer.decoding.replay import replay
 from splitinfer.errors import SplitInferError
 from splitinfer.models import load_model
 from tests.splitinfer.decoding.exact import check_same
@@ -152,27 +151,15 @@ def test_a_bad_shortlist_in_the_file_is_a_one_line_error(tmp_path):
         load_head(tmp_path)
 
 
-@pytest.mark.parametrize("options,match", [
-    ({"draft_budget": 0}, "draft_budget must be an integer >= 1"),
+@pytest.mark.parametrize("options,match", [  # the options both model drafters take: test_model_drafter.py
     ({"topk": 0}, "topk must be an integer >= 1"),
     ({"min_prob": 1.5}, r"min_prob must be a number in \[0, 1\)"),
     ({"draft_head": 3}, "draft_head must be a directory path"),
-    ({"step_ms": 10.0}, "both step_ms and token_ms"),
-    ({"window": 3}, "does not take option"),
     ({"shortlist": "yes"}, "shortlist must be true or false"),
 ])
 def test_bad_options_are_named(options, match):
     with pytest.raises(SplitInferError, match=match):
         make_proposer("feature-draft", **options)
-
-
-def test_it_cannot_be_replayed_or_run_without_the_local_model():
-    env = DecodingEnv(vocab_size=50)
-    for p in (make_proposer("feature-draft"), make_proposer("combined", sources=WITH_HEAD)):
-        with pytest.raises(SplitInferError, match="local model"):
-            replay(p, [1, 2, 3], [4, 5, 6], 3, env)
-    with pytest.raises(SplitInferError, match="drafts with the local model"):
-        make_proposer("feature-draft").begin([1, 2], env)
 
 
 def test_cli_train_then_generate(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""local-draft: exactness, cache isolation and catch-up, adaptive sizing, the bridge fit, options, replay refusal."""
+"""local-draft: exactness, cache isolation and catch-up, adaptive sizing, the bridge fit, its own options."""
 
 import json
 
@@ -7,10 +7,9 @@ import torch
 
 from splitinfer.cli import main
 from splitinfer.client import SplitModel
-from splitinfer.decoding.base import DecodingEnv, make_proposer
+from splitinfer.decoding.base import make_proposer
 from splitinfer.decoding.bridge import RidgeBridge, calibrate, split_meta
 from splitinfer.decoding.local_draft import LocalDraft
-from splitinfer.decoding.replay import replay
 from splitinfer.errors import SplitInferError
 from splitinfer.models import load_model
 from tests.splitinfer.decoding.exact import check_same
@@ -149,29 +148,16 @@ def test_calibration_file_warm_starts_the_bridge(sm, tiny, tmp_path):
         sm.generate("x", 3, decoding="local-draft", decoding_options={"calibration": str(tmp_path / "none")})
 
 
-@pytest.mark.parametrize("options,match", [
-    ({"draft_budget": 0}, "draft_budget must be an integer >= 1"),
+@pytest.mark.parametrize("options,match", [  # the options both model drafters take: test_model_drafter.py
     ({"alternatives": 9}, r"alternatives must be an integer in \[0, draft_budget=8\]"),
     ({"ridge": 0}, "ridge must be a number > 0"),
     ({"refit_every": -1}, "refit_every must be an integer >= 0"),
-    ({"step_ms": 10.0}, "both step_ms and token_ms"),
     ({"draft_ms": -1.0}, "draft_ms must be a number >= 0"),
     ({"calibration": 3}, "calibration must be a file path"),
-    ({"window": 3}, "does not take option"),
 ])
 def test_bad_options_are_named(options, match):
     with pytest.raises(SplitInferError, match=match):
         make_proposer("local-draft", **options)
-
-
-def test_it_cannot_be_replayed_or_run_without_the_local_model():
-    env = DecodingEnv(vocab_size=50)
-    for p in (make_proposer("local-draft"), make_proposer("combined", sources=WITH_DRAFT)):
-        with pytest.raises(SplitInferError, match="local model"):
-            replay(p, [1, 2, 3], [4, 5, 6], 3, env)
-    assert not make_proposer("combined").needs_model  # the default combined stays replayable
-    with pytest.raises(SplitInferError, match="drafts with the local model"):
-        make_proposer("local-draft").begin([1, 2], env)
 
 
 def test_generate_cli(capsys):
