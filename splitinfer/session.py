@@ -81,7 +81,6 @@ class BodyService:
                  defense: DefensePipeline | None = None, batch: BatchConfig = BatchConfig(max_batch=1)):
         if not isinstance(info, BodyInfo):
             raise TypeError(f"info must be a BodyInfo, got {type(info).__name__}")
-        self.body = body
         self.info = info
         self.set_defense(defense or DefensePipeline())
         self.limits = limits
@@ -96,6 +95,15 @@ class BodyService:
         if bi.is_enabled(body):  # packed forwards stay within the rows the kernels were probed for
             batch = replace(batch, max_rows=min(batch.max_rows, bi.MAX_ROWS))
         self.scheduler = BatchScheduler(body, batch, self._active_owners)
+
+    @property
+    def body(self) -> CloudBody:
+        """The body every forward runs: the scheduler's, so replacing it here replaces it there."""
+        return self.scheduler.body
+
+    @body.setter
+    def body(self, body: CloudBody) -> None:
+        self.scheduler.body = body
 
     def _active_owners(self) -> int:
         """Callers that may have a forward in flight: owners with open sessions (one request each at a time)."""
