@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from attacks.boundary import Boundary
 from benchmarks.attack_grid import Job, extract, run_job
 from benchmarks.attacks_depth import StudyConfig, grid_config
 
@@ -115,13 +116,13 @@ def run_ablation(cfg: AblationConfig, only: list[int] | None = None,
 
     t_start = time.perf_counter()
     loaded = load_model(cfg.model, device=cfg.study.device)
-    boundary = f"head:{cfg.depth}"
+    boundary = Boundary("head", cfg.depth)
     todo = [r for i, r in enumerate(rows(cfg), 1) if only is None or i in only]
     fitted_by: dict[str, Any] = {}  # (scale, recipe, options) -> fitted attacker, shared by lm-beam rows
     out, sizes, extract_s, datas = [], {}, {}, {}
 
     def result() -> dict[str, Any]:
-        return {"config": {**asdict(cfg), "model_sha256": loaded.sha256, "boundary": boundary, "sizes": sizes},
+        return {"config": {**asdict(cfg), "model_sha256": loaded.sha256, "boundary": str(boundary), "sizes": sizes},
                 "rows": out, "timing": {"extract_seconds": extract_s,
                                         "total_seconds": round(time.perf_counter() - t_start, 1)}}
 
