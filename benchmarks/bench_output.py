@@ -102,3 +102,11 @@ def write(doc: dict, out: str | Path) -> Path:
     path = save(doc, out)
     print(f"results written to {path}")
     return path
+
+
+def emit(table: str, make_document: Callable[[], dict], out: str | Path | None) -> int:
+    """Print a single benchmark's table; with ``out``, build its results document and write it. Exit status 0."""
+    print(table)
+    if out:
+        write(make_document(), out)
+    return 0

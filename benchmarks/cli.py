@@ -22,7 +22,7 @@ from splitinfer.cli_flags import (
 
 
 def cmd_speed(args) -> int:
-    from benchmarks.bench_output import speed_document, write
+    from benchmarks.bench_output import emit, speed_document
     from benchmarks.speed import format_speed, run_speed
     from splitinfer.partition import SplitConfig
 
@@ -31,10 +31,7 @@ def cmd_speed(args) -> int:
         loaded, SplitConfig.parse(args.split), list(args.rtt_ms), n_tokens=args.max_new_tokens,
         bandwidth_mbps=args.bandwidth_mbps, wire=args.wire_dtype, server_memory=not args.no_server_memory,
     )
-    print(format_speed(result))
-    if args.out:
-        write(speed_document(result), args.out)
-    return 0
+    return emit(format_speed(result), lambda: speed_document(result), args.out)
 
 
 def cmd_exactness(args) -> int:
@@ -56,7 +53,7 @@ def cmd_exactness(args) -> int:
 
 
 def cmd_extract(args) -> int:
-    from benchmarks.bench_output import extract_document, write
+    from benchmarks.bench_output import emit, extract_document
     from benchmarks.extract_speed import format_extract_speed, run_extract_speed
 
     quiet_datasets()
@@ -64,10 +61,7 @@ def cmd_extract(args) -> int:
     result = run_extract_speed(loaded, args.depths, args.corpus, n_tokens=args.max_tokens,
                                max_length=args.max_length, batch_size=args.batch_size, repeats=args.repeats,
                                threads=args.threads)
-    print(format_extract_speed(result))
-    if args.out:
-        write(extract_document(result), args.out)
-    return 0
+    return emit(format_extract_speed(result), lambda: extract_document(result), args.out)
 
 
 def cmd_run(args) -> int:

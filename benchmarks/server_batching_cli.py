@@ -6,7 +6,7 @@ from splitinfer.cli_flags import add_max_new_tokens, add_wire_dtype, float_list,
 
 
 def cmd_batching(args) -> int:
-    from benchmarks.bench_output import write
+    from benchmarks.bench_output import emit
     from benchmarks.server_batching import batching_document, format_batching, run_batching
     from splitinfer.batch_scheduler import BatchConfig
 
@@ -16,10 +16,7 @@ def cmd_batching(args) -> int:
         batch=BatchConfig(max_batch=args.max_batch, window_ms=args.batch_window_ms),
         batch_invariant=args.batch_invariant,
     )
-    print(format_batching(result))
-    if args.out:
-        write(batching_document(result), args.out)
-    return 0
+    return emit(format_batching(result), lambda: batching_document(result), args.out)
 
 
 def register(bsub) -> None:

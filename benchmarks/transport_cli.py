@@ -7,17 +7,14 @@ from splitinfer.cli_flags import add_max_new_tokens, add_wire_dtype, int_list, o
 
 
 def cmd_transport(args) -> int:
-    from benchmarks.bench_output import transport_document, write
+    from benchmarks.bench_output import emit, transport_document
     from benchmarks.transport import format_transport, run_transport
 
     result = run_transport(
         args.model, args.split, n_tokens=args.max_new_tokens, repeats=args.repeats, sessions=args.sessions,
         synthetic_hidden=args.synthetic_hidden, wire=args.wire_dtype, server_threads=args.server_threads,
     )
-    print(format_transport(result))
-    if args.out:
-        write(transport_document(result), args.out)
-    return 0
+    return emit(format_transport(result), lambda: transport_document(result), args.out)
 
 
 def register(bsub) -> None:

@@ -101,3 +101,16 @@ def test_bench_decoding_takes_feature_draft_options_in_the_one_option_form(capsy
     assert feature_draft_options(args.decoding_option) == {"shortlist": False, "draft_head": "/x"}
     with pytest.raises(SplitInferError, match="takes only feature-draft options .* got alpha"):
         feature_draft_options(["alpha=2"])
+
+
+def test_emit_builds_and_writes_the_document_only_with_out(tmp_path, capsys):
+    from benchmarks.bench_output import emit
+
+    def fail() -> dict:
+        raise AssertionError("no document without --out")
+
+    assert emit("the table", fail, None) == 0
+    assert capsys.readouterr().out == "the table\n"
+    doc = schema.new_results({"model": "tiny-random"}, "bench-test")
+    assert emit("the table", lambda: doc, tmp_path / "r.json") == 0
+    assert schema.load(tmp_path / "r.json")["suite"] == "bench-test"
