@@ -82,16 +82,22 @@ def _mixture_topk(zk: torch.Tensor, zt: torch.Tensor, ti: torch.Tensor, lp: torc
     zk (n, V_r) known tokens' scores, zt / ti (n, m) shortlist scores / ids, lp (n, V_r + 1) classifier
     log-probs (known tokens, then <unk>). An unknown token's mixture probability grows with its similarity,
     so the best unknown tokens are the best unknown entries of the shortlist; known tokens are scored exactly.
+    A row whose shortlist holds no unknown token (frequent once the classifier knows thousands of tokens)
+    has nowhere in the shortlist to put its <unk> mass: that mass is dropped (it belongs to dissimilar
+    tokens outside the shortlist), and every log-probability stays finite or -inf, never NaN (dividing by
+    the empty sum used to give NaN there, which ``topk`` ranks first).
     """
     zk, zt = zk / tau, zt / tau
     oov = ~is_known[ti]  # (n, m) shortlist entries the classifier does not know
     zo = zt.masked_fill(~oov, float("-inf"))
-    lse_oov = torch.logsumexp(zo, dim=1, keepdim=True)  # (n, 1)
+    lse_oov = torch.logsumexp(zo, dim=1, keepdim=True)  # (n, 1); -inf when no shortlist entry is unknown
     lse_all = torch.logaddexp(torch.logsumexp(zk, dim=1, keepdim=True), lse_oov)
     log_lam = float(np.log(lam)) if lam > 0 else float("-inf")
     log_rest = float(np.log1p(-lam)) if lam < 1 else float("-inf")
     known_lp = torch.logaddexp(log_lam + lp[:, :-1], log_rest + zk - lse_all)  # (n, V_r)
-    oov_lp = zo + torch.logaddexp(log_lam + lp[:, -1:] - lse_oov, log_rest - lse_all)  # (n, m); -inf on known
+    has_oov = torch.isfinite(lse_oov)  # (n, 1)
+    unk_share = torch.where(has_oov, log_lam + lp[:, -1:] - lse_oov.masked_fill(~has_oov, 0.0), float("-inf"))
+    oov_lp = (zo + torch.logaddexp(unk_share, log_rest - lse_all)).masked_fill(~oov, float("-inf"))  # (n, m)
     vals = torch.cat([known_lp, oov_lp], dim=1)
     ids = torch.cat([known.expand(len(zk), -1), ti], dim=1)
     best_v, best_i = vals.topk(k, dim=1)

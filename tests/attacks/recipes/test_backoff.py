@@ -62,3 +62,20 @@ def test_choose_picks_from_the_grid(tiny, taps):
     assert tau in _backoff.TAUS and lam in _backoff.LAMS
     assert len(scores) == len(_backoff.TAUS) * len(_backoff.LAMS) and all(0 <= v <= 1 for v in scores.values())
     assert scores[f"tau={tau},lam={lam}"] == max(scores.values())
+
+
+def test_a_shortlist_without_unknown_tokens_is_finite_and_ranks_the_same_for_every_k(tiny, taps):
+    """Regression: with every shortlisted token known, <unk>'s share divided by an empty sum gave NaN, which
+    topk ranked first (duplicated ids, a top-1 that changed with k, NaN poured into lm-beam's beam)."""
+    train, val = taps
+    backoff = _backoff.fit_backoff(tiny, train, val, seed=0)
+    y = backoff.predict_embedding(val)  # (N, d_e)
+    vocab = np.arange(int(tiny.config.vocab_size))  # the classifier knows every token: no shortlist entry is unknown
+    logp = torch.log_softmax(torch.randn(len(y), len(vocab) + 1, generator=torch.Generator().manual_seed(0)), 1)
+    for lam in (1.0, 0.6):
+        ids1, lp1 = _backoff.combine_topk(backoff, y, logp, vocab, tau=0.1, k=1, lam=lam)
+        ids8, lp8 = _backoff.combine_topk(backoff, y, logp, vocab, tau=0.1, k=8, lam=lam)
+        assert np.isfinite(lp8).all() and np.array_equal(ids1[:, 0], ids8[:, 0])
+        assert all(len(set(row)) == 8 for row in ids8.tolist())
+        if lam == 1.0:  # the classifier alone: its own ranking of the known tokens
+            assert np.array_equal(ids8[:, 0], logp[:, :-1].argmax(1).numpy())

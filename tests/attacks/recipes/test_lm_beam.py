@@ -9,6 +9,7 @@ import torch
 from attacks.errors import AttackError
 from attacks.recipes._beam import beam_decode
 from attacks.registry import load_attack, make_attack
+from attacks.tapdata import Taps
 from attacks.train import attack_options
 from tests.attacks.synth import embedding_taps
 
@@ -127,6 +128,33 @@ def test_the_causal_prior_matches_a_full_forward_after_reordering(tiny) -> None:
     with torch.no_grad():
         full = torch.log_softmax(tiny.model(torch.cat([torch.full((2, 1), 257), seqs[:, :2]], 1)).logits[:, -1], -1)
     assert torch.allclose(got, full, atol=1e-4)
+
+
+def test_a_right_prior_never_lowers_accuracy_over_a_backoff_base(tiny) -> None:
+    """Regression: a base with the embedding backoff whose classifier knows every token gave NaN candidate
+    scores (see test_backoff); the beam set them to -1e9, so a prior certain of the truth could not pick a true
+    token the base ranked first, and lm-beam scored far below its own lam = 0. A right prior must follow the
+    truth wherever it is a candidate, across the sequence starts and the padding of unequal lengths."""
+    rng = np.random.default_rng(3)
+    vocab = int(tiny.config.vocab_size)
+    train = embedding_taps(tiny, np.tile(np.arange(vocab), 3)[:770], seed=0, noise=0.6)  # every token known
+    flat = embedding_taps(tiny, rng.choice(vocab, 90), seed=1, noise=0.6)
+    lens = np.array([10, 7, 4] * 4 + [6])  # unequal lengths: the decoder pads its batch
+    test = Taps(flat.hidden, flat.token_ids, lens, np.arange(13) % len(flat), flat.documents, None, flat.meta)
+    base = make_attack("linear-probe", model=tiny, epochs=3, lr=0.01, backoff="embed", min_count=1).fit(train)
+    beam = make_attack("lm-beam", model=tiny, lam=1.0, candidates=4, beam=2, batch_sequences=48)
+    beam.set_proposer(base)
+    beam.fit(train)
+    order = np.argsort(-lens, kind="stable")  # the decoder's batch order
+    truth = np.zeros((len(test), int(lens.max())), dtype=np.int64)
+    for i, s in enumerate(order):
+        truth[i, : lens[s]] = test.token_ids[test.seq_starts()[s]: test.seq_starts()[s + 1]]
+    beam._prior = lambda: ScriptedLM(truth, 2, vocab)  # a prior certain of every sequence
+    cand = base.invert(test, k=4).topk  # (N, 4)
+    path = beam.invert(test).tokens
+    hit = (cand == test.token_ids[:, None]).any(1)
+    assert hit.any() and np.array_equal(path[hit], test.token_ids[hit])
+    assert (path == test.token_ids).mean() >= (cand[:, 0] == test.token_ids).mean()
 
 
 def test_batching_of_sequences_does_not_change_the_paths(tiny, taps) -> None:
