@@ -60,7 +60,15 @@ def answer_b(random_split: list[dict]) -> str:
     return "; ".join(
         f"`{r['defense']}` ({r['threat_model']}): " + ("yes" if r["sequence_acc"] > 2 * r["chance"] else "not reliably")
         + f", depth-id names the session's depth for {_pct(r['sequence_acc'])} of {r['sequences']} sessions "
-        f"(chance {_pct(r['chance'])}; {_pct(r['token_acc'])} of single states)" for r in random_split) + "."
+        f"(chance {_pct(r['chance'])}; {_pct(r['token_acc'])} of single states)" + _end_to_end(r)
+        for r in random_split) + "."
+
+
+def _end_to_end(r: dict) -> str:
+    if "end_to_end_top1" not in r:
+        return ""
+    return (f"; then the probe of the depth it names recovers {_pct(r['end_to_end_top1']['value'])} of user-text "
+            f"tokens ({_pct(r['known_depth_top1']['value'])} told the true depth)")
 
 
 def answer_c(rows: list[dict]) -> str:

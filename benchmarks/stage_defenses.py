@@ -51,6 +51,7 @@ from benchmarks.prompts import PROMPTS
 from benchmarks.attack_grid import Victim, row_threat_model
 from benchmarks.attack_tables import SCOPE, baseline_line, cell
 from benchmarks.defenses_private import public_label, with_trained_adapter
+from benchmarks.defenses_random_split import random_split_row
 from benchmarks.schema import add_metric, metric
 from benchmarks.shard import Shard
 from splitinfer.client import SplitModel
@@ -202,35 +203,6 @@ def overhead_ms(spec: str, d: int, tokens: int = 1, reps: int = 200) -> float:
     return best
 
 
-def _random_split(loaded, spec: str, train: dict[int, Taps], test: dict[int, Taps], seed: int) -> dict:
-    """Depth identification from the states alone when each session's depth is drawn from the set.
-
-    ``depth-id`` (adaptive: it knows the set of depths) trains on the attacker's own states at every depth of
-    the set (public weights, its own draws of any wire defense); each test sequence is a session whose depth
-    the victim draws (:meth:`RandomSplit.draw`). Sequence-level accuracy is what decides which per-depth
-    inverter the attacker then runs.
-    """
-    pipe = DefensePipeline.parse(spec)
-    rs = pipe.get("random-split")
-    wire = DefensePipeline([d for d in pipe.items if d.kind == "wire"])
-    atk = make_attack("depth-id", model=loaded, seed=seed)
-    atk.fit([defend_taps(train[d], attacker_view(wire)) for d in rs.depths])
-    n_seq = len(test[rs.depths[0]])
-    drawn = np.array([rs.draw(i) for i in range(n_seq)])
-    hits, tok_hits, toks = 0, 0, 0
-    for d in rs.depths:
-        idx = np.flatnonzero(drawn == d)
-        if len(idx):
-            pred = atk.identify(defend_taps(test[d].select_sequences(idx.tolist()), wire, session0=0))
-            hits += int((pred["sequence_depth"] == d).sum())
-            tok_hits += int((pred["token_depth"] == d).sum())
-            toks += len(pred["token_depth"])
-    return {"defense": pipe.label, "depths": list(rs.depths), "sequences": n_seq,
-            "drawn": {int(d): int((drawn == d).sum()) for d in rs.depths},
-            "sequence_acc": hits / max(1, n_seq), "token_acc": tok_hits / max(1, toks),
-            "chance": 1.0 / len(rs.depths), "threat_model": "states only, adaptive (knows the depth set)"}
-
-
 def _record(results: dict, run: str, row: dict) -> None:
     best = row["best"]["metrics"]["token_acc_top1"]
     add_metric(results, run, "recovery_top1", metric(best["value"], best["ci_low"], best["ci_high"], best["n"],
@@ -262,10 +234,15 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
     t0 = time.perf_counter()
     train, _ = _taps(loaded, cfg, depths + extra, "train", int(cfg.get("train_tokens", 4000)) // n_corp)
     clean_test, rows = _taps(loaded, cfg, depths + extra, "test", int(cfg.get("test_tokens", 800)) // n_corp)
-    splits = [_random_split(loaded, s, train, clean_test, seed) for s in split_specs] if shard.first else []
+    splits = [random_split_row(loaded, s, train, clean_test, seed, options.get("linear-probe"))
+              for s in split_specs] if shard.first else []
     for r in splits:
         add_metric(results, f"defenses/{r['defense']}", "depth_id_sequence_acc",
                    metric(r["sequence_acc"], n=r["sequences"], higher_is_better=False, kind="accuracy"))
+        for key in ("end_to_end_top1", "known_depth_top1"):
+            m = r[key]
+            add_metric(results, f"defenses/{r['defense']}", key,
+                       metric(m["value"], m["ci_low"], m["ci_high"], m["n"], False, kind="accuracy"))
     held = clean_test[depths[0]]
     seqs = [held.token_ids[s].tolist() for _, s in list(held.sequences())[: int(cfg.get("utility_sequences", 4))]]
     reference: dict = {}
@@ -380,6 +357,12 @@ def defenses_section(data: dict, out) -> list[str]:
         lines += ["", f"Random split `{r['defense']}` ({r['threat_model']}): depth-id names the session's depth "
                       f"for {_pct(r['sequence_acc'])}% of {r['sequences']} sessions ({_pct(r['token_acc'])}% of "
                       f"single states; chance {_pct(r['chance'])}%), sessions per depth {r['drawn']}."]
+        if "end_to_end_top1" in r:
+            e, k = r["end_to_end_top1"], r["known_depth_top1"]
+            lines += ["", f"End to end ({r['recovery_threat_model']}): {_pct(e['value'])}% "
+                          f"[{_pct(e['ci_low'])}, {_pct(e['ci_high'])}] of user-text tokens recovered, n={e['n']}; "
+                          f"told the true depth, the same probes recover {_pct(k['value'])}% "
+                          f"[{_pct(k['ci_low'])}, {_pct(k['ci_high'])}]."]
     if data.get("overhead"):
         lines += ["", "| wire defense | d | tokens/step | ms per step (both directions) |", "|---|---|---|---|"]
         lines += [f"| `{o['defense']}` | {o['d']} | {o['tokens']} | {o['ms']:.3f} |" for o in data["overhead"]]

@@ -331,16 +331,18 @@ def scoring_subset(test: Taps, rows: dict[str, tuple[int, int]], per_corpus: int
                    n_seqs: int = 4) -> Taps:
     """The test subset vocab-match is scored on (it costs forwards per token, so it is scored on a sample).
 
-    ``rows``: corpus -> (first, end) token rows of ``test``. Keeps the first ``n_seqs`` sequences of each
-    corpus cut to ``per_corpus / n_seqs`` tokens, plus, for corpora with PII spans, their first two sequences
-    cut to ``pii_tokens`` (so that spans are covered and PII recovery can be scored). Whole-sequence prefixes,
-    never single token rows: position t can only be matched once tokens 0..t-1 are recovered.
+    ``rows``: corpus -> (first, end) token rows of ``test``. Keeps ``n_seqs`` sequences of each corpus cut to
+    ``per_corpus / n_seqs`` tokens, plus, for corpora with PII spans, their first two sequences cut to
+    ``pii_tokens`` (so that spans are covered and PII recovery can be scored). Whole-sequence prefixes, never
+    single token rows: position t can only be matched once tokens 0..t-1 are recovered. The sequences come from
+    as many documents as there are (:func:`spread_sequences`): intervals are bootstrapped over documents, and
+    four chunks of one long document gave none.
     """
     starts = test.seq_starts()
     short, long = [], []
     for lo, hi in rows.values():
         first = int(np.searchsorted(starts, lo))
-        seqs = [s for s in range(first, min(first + n_seqs, len(test))) if starts[s] < hi]
+        seqs = spread_sequences(test, [s for s in range(first, len(test)) if starts[s] < hi], n_seqs)
         has_pii = any(test.documents[int(test.seq_doc[s])].get("pii_spans") for s in seqs)
         long += seqs[:2] if has_pii and pii_tokens > 0 else []
         short += seqs[2:] if has_pii and pii_tokens > 0 else seqs
@@ -348,3 +350,17 @@ def scoring_subset(test: Taps, rows: dict[str, tuple[int, int]], per_corpus: int
     if long:
         parts.append(test.select_sequences(long).truncate(pii_tokens))
     return Taps.concat(parts)
+
+
+def spread_sequences(test: Taps, seqs: list[int], n: int) -> list[int]:
+    """``n`` of ``seqs`` (sequence indices, in order): the first sequence of each document first, then the
+    rest in order when there are fewer than ``n`` documents; returned in their original order."""
+    firsts, seen = [], set()
+    for s in seqs:
+        doc = int(test.seq_doc[s])
+        if doc not in seen:
+            seen.add(doc)
+            firsts.append(s)
+    chosen = firsts[:n]
+    chosen += [s for s in seqs if s not in set(chosen)][: n - len(chosen)]
+    return sorted(chosen)

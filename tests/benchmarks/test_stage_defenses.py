@@ -46,8 +46,14 @@ def test_stage_grid(cfg: dict, tmp_path: Path) -> None:
     (rs,) = out["random_split"]
     assert rs["depths"] == [1, 4] and sum(rs["drawn"].values()) == rs["sequences"] > 1
     assert 0.0 <= rs["sequence_acc"] <= 1.0 and "defenses/random-split(depths=1,4)" in results["results"]
+    e2e, known = rs["end_to_end_top1"], rs["known_depth_top1"]  # end to end: depth-id, then that depth's probe
+    assert e2e["n"] == known["n"] > 0 and 0.0 <= e2e["value"] <= 1.0
+    if rs["sequence_acc"] == 1.0:  # every session named right: the same probe inverts it
+        assert e2e["value"] == known["value"]
+    assert {"end_to_end_top1", "known_depth_top1"} <= set(results["results"]["defenses/random-split(depths=1,4)"])
     lines = defenses_section(out, tmp_path)
     assert any("DP per released vector" in line for line in lines)
+    assert any(line.startswith("End to end (white-box (learned), adaptive") for line in lines)
     assert (tmp_path / "defenses_frontier_head2.png").stat().st_size > 1000
 
 

@@ -139,3 +139,20 @@ def test_a_capped_miss_does_not_make_the_rest_of_the_sequence_scan_in_vain(tiny,
 def test_an_uncapped_scan_never_misses(tiny, taps) -> None:
     _, _, inv = invert_one_without_proposer(tiny, taps, batch_sizes=[2], grad_steps=0, max_batch=256)
     assert inv.info["misses"] == 0 and inv.info["after_miss_rate"] == 0 and inv.info["accepted_rate"] == 1.0
+
+
+def test_scoring_subset_spreads_over_documents():
+    """Four chunks of one long document gave a one-document sample (no interval): take one chunk per document."""
+    import numpy as np
+    from attacks.recipes.vocab_match import scoring_subset
+    from attacks.tapdata import Taps
+
+    seq_doc = [0, 0, 0, 0, 1, 2, 3]  # document 0 cut into four chunks, then three short documents
+    n = 8 * len(seq_doc)
+    docs = [{"doc_id": i, "text": "", "pii_spans": []} for i in range(4)]
+    taps = Taps(np.zeros((n, 4), np.float32), np.arange(n), np.full(len(seq_doc), 8), seq_doc, docs)
+    sub = scoring_subset(taps, {"prose": (0, n)}, per_corpus=16, pii_tokens=0, n_seqs=4)
+    assert sorted(set(sub.seq_doc.tolist())) == [0, 1, 2, 3]
+    assert sub.n_tokens == 16
+    few = scoring_subset(taps.select_sequences([0, 1, 2, 4]), {"prose": (0, 32)}, 16, 0, n_seqs=4)
+    assert len(few) == 4 and sorted(set(few.seq_doc.tolist())) == [0, 1]  # fewer documents: filled with chunks
