@@ -182,19 +182,27 @@ def _pii_summary(taps: Taps) -> dict[str, Any]:
     return {"test_tokens": taps.n_tokens, "spans": dict(sorted(spans.items())), "unscored_spans": unscored}
 
 
+def extract_split(loaded: Any, corpus: str, bounds: list[Boundary], split: str, n_tokens: int, max_length: int,
+                  max_doc_tokens: int | None = None, seed: int = 0) -> dict[Boundary, Taps]:
+    """Teacher-forced taps of one corpus split at every boundary; a test split of long documents is cut at
+    ``n_tokens / 10`` tokens per document so that it holds >= 10 documents (DESIGN.md section 5: intervals are
+    bootstrapped over documents; two long documents gave intervals that meant nothing)."""
+    taps = extract_depths(loaded, corpus, bounds, split, max_tokens=n_tokens, max_length=max_length,
+                          max_doc_tokens=max_doc_tokens, seed=seed, progress=False)
+    if split == "test" and len(set(taps[bounds[0]].seq_doc.tolist())) < MIN_TEST_DOCUMENTS:
+        cap = max(1, n_tokens // MIN_TEST_DOCUMENTS)
+        taps = extract_depths(loaded, corpus, bounds, split, max_tokens=n_tokens, max_length=max_length,
+                              max_doc_tokens=min(max_doc_tokens or cap, cap), seed=seed, progress=False)
+    return taps
+
+
 def _pool(loaded: Any, cfg: GridConfig, bounds: list[Boundary], split: str, per_corpus: int,
           pii: dict[str, dict[str, Any]] | None = None):
     parts: dict[Boundary, list[Taps]] = {b: [] for b in bounds}
     rows: dict[str, tuple[int, int]] = {}
     for corpus in cfg.corpora:
         n_tokens = pii_test_tokens(loaded, corpus, cfg) if split == "test" else per_corpus
-        taps = extract_depths(loaded, corpus, bounds, split, max_tokens=n_tokens, max_length=cfg.max_length,
-                              max_doc_tokens=cfg.max_doc_tokens, seed=cfg.seed, progress=False)
-        if split == "test" and len(set(taps[bounds[0]].seq_doc.tolist())) < MIN_TEST_DOCUMENTS:
-            # long documents: cap tokens per document so the corpus has >= 10 test documents (DESIGN.md 5)
-            cap = max(1, n_tokens // MIN_TEST_DOCUMENTS)
-            taps = extract_depths(loaded, corpus, bounds, split, max_tokens=n_tokens, max_length=cfg.max_length,
-                                  max_doc_tokens=min(cfg.max_doc_tokens or cap, cap), seed=cfg.seed, progress=False)
+        taps = extract_split(loaded, corpus, bounds, split, n_tokens, cfg.max_length, cfg.max_doc_tokens, cfg.seed)
         summary = _pii_summary(taps[bounds[0]])
         if pii is not None and (summary["spans"] or summary["unscored_spans"]):
             pii[corpus] = summary

@@ -101,12 +101,13 @@ def answer_e(rows: list[dict]) -> str:
     for r in private:
         vm = [x for x in r["attackers"] if x["attack"].startswith("vocab-match")]
         learned = [x for x in r["attackers"] if not x["attack"].startswith("vocab-match") and x.get("k") is None]
-        paired = sorted((x for x in r["attackers"] if x.get("k") is not None), key=lambda x: x["k"])
+        paired = sorted((x for x in r["attackers"] if x.get("k") is not None), key=lambda x: (x["k"], x["attack"]))
         text = f"head {r['depth']}, `{r['defense']}` (next-token agreement {_pct(r['next_token_agreement'])}): "
         text += ", ".join(f"{x['attack']} ({x['threat_model']}) {_pct(x['top1']['value'])}" for x in vm + learned)
         if paired:
             text += "; paired (known-plaintext pairs from the deployment): " + ", ".join(
-                f"k={x['k']} {_pct(x['top1']['value'])}" for x in paired)
+                f"{x['attack'].removesuffix('+paired')} k={x['k']} {_pct(x['top1']['value'])}"
+                + (" (validation kept the public fit)" if x.get("kept_public") else "") for x in paired)
             above = next((x["k"] for x in paired if x["top1"]["value"] > 0.5), None)
             text += (f"; above 50% from k = {above}" if above is not None else
                      f"; not above 50% up to k = {paired[-1]['k']}")

@@ -46,9 +46,8 @@ from attacks.recipes.vocab_match import scoring_subset
 from attacks.registry import get_attack_class, make_attack
 from attacks.tapdata import Taps
 from attacks.boundary import Boundary
-from attacks.taps import extract_depths
 from benchmarks.prompts import PROMPTS
-from benchmarks.attack_grid import Victim, row_threat_model
+from benchmarks.attack_grid import Victim, extract_split, row_threat_model
 from benchmarks.attack_tables import SCOPE, baseline_line, cell
 from benchmarks.defenses_private import public_label, with_trained_adapter
 from benchmarks.defenses_random_split import random_split_row
@@ -69,8 +68,7 @@ def _taps(loaded, cfg: dict, depths: list[int], split: str, per_corpus: int) -> 
     rows: dict[int, dict[str, tuple[int, int]]] = {a: {} for a in depths}
     heads = {a: Boundary("head", a) for a in depths}
     for corpus in cfg.get("corpora", ["prose"]):
-        got = extract_depths(loaded, corpus, list(heads.values()), split, max_tokens=per_corpus,
-                             max_length=cfg.get("max_length", 128), progress=False)
+        got = extract_split(loaded, corpus, list(heads.values()), split, per_corpus, cfg.get("max_length", 128))
         for a, b in heads.items():
             start = sum(t.n_tokens for t in parts[a])
             rows[a][corpus] = (start, start + got[b].n_tokens)
@@ -129,7 +127,8 @@ def _attack(loaded, name: str, opts: dict, pipe: DefensePipeline, train: Taps, t
             atk.module.load_state_dict(public)
             used = atk.fine_tune(known) if k else 0
             m = m if not k else score(atk.invert(target, k=5), target, vocab_size=vocab, prior=prior)
-            out.append({"attack": f"{name}+paired", "k": k, "pairs_used": used, "metrics": m,
+            kept = bool(k) and bool(atk.fit_report.get("paired_kept_public"))  # validation kept the public fit
+            out.append({"attack": f"{name}+paired", "k": k, "pairs_used": used, "kept_public": kept, "metrics": m,
                         "threat_model": f"paired (k={k}), adaptive" if k else out[0]["threat_model"],
                         "seconds": time.perf_counter() - t1, "test_tokens": target.n_tokens})
     return out
@@ -298,7 +297,7 @@ def _summary(row: dict) -> dict:
         keep = {k: m[k] for k in ("template_token_acc_top1", "lift_token_acc_top1", "baseline_uniform_top1",
                                   "baseline_unigram_top1", "baseline_position_top1") if k in m}
         return {"attack": x["attack"], "threat_model": x["threat_model"], "top1": m["token_acc_top1"], **keep,
-                **{k: x[k] for k in ("k", "pairs_used") if k in x},
+                **{k: x[k] for k in ("k", "pairs_used", "kept_public") if k in x},
                 **({"seconds": x["seconds"], "test_tokens": x["test_tokens"]} if "seconds" in x else {})}
 
     return {**{k: v for k, v in row.items() if k not in ("attackers", "best")},

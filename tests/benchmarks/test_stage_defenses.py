@@ -92,7 +92,7 @@ def test_lora_private_is_shadow_and_paired_attackers_report_k(cfg: dict, tmp_pat
     assert private["best"]["attack"] in ("vocab-match-adaptive", "linear-probe")  # best: without deployment pairs
     assert "defenses/head:2/lora-private(rank=2,steps=3)/linear-probe+paired/k=40" in results["results"]
     text = "\n".join(answers_section(out))
-    assert "(e) " in text and "paired (known-plaintext pairs from the deployment): k=0" in text
+    assert "(e) " in text and "paired (known-plaintext pairs from the deployment): linear-probe k=0" in text
     assert "(a) Does a random LoRA" in text and "not measured in this suite" in text
     assert none["best"]["top1"]["value"] == 1.0
 
