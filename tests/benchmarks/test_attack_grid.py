@@ -47,3 +47,21 @@ def test_shadow_only_against_private_local_layers() -> None:
     assert check_row({"threat_model": "shadow"}, private)
     with pytest.raises(AttackError, match="labelled shadow"):
         check_row({"attack": "mlp", "boundary": "head:2", "threat_model": "shadow"}, Victim())
+
+
+def test_extract_split_keeps_ten_test_documents(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: the defenses stage took its test tokens from the first long documents (the full suite's
+    lora-private row scored vocab-match on one prose document: no interval); both grids cut them now."""
+    import json
+
+    from benchmarks.attack_grid import extract_split
+    from splitinfer.models import load_model
+
+    monkeypatch.setenv("SPLITINFER_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "long.jsonl"
+    words = " ".join(f"word{j} and more" for j in range(60))  # ~180+ tokens per document
+    path.write_text("\n".join(json.dumps({"doc_id": f"d{i}", "text": f"Doc {i}: {words}"}) for i in range(200)),
+                    encoding="utf-8")
+    head = Boundary("head", 1)
+    taps = extract_split(load_model("tiny-random"), f"file:{path}", [head], "test", 200, 64)[head]
+    assert len(set(taps.seq_doc.tolist())) >= 10 and taps.n_tokens <= 200
