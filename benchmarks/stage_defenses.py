@@ -20,6 +20,10 @@ For every head depth and defense spec of the suite it measures, side by side
   ``combined`` under the defense, and tok/s of that run modelled at 80 ms RTT
   and 100 Mbit/s (:func:`splitinfer.timing.fit` then ``project``).
 
+``random-split`` specs are rows of their own (:mod:`benchmarks.defenses_random_split`: depth identification
+from the states alone, then end-to-end recovery). Test splits of long documents are cut to >= 10 documents per
+corpus (:func:`benchmarks.attack_grid.extract_split`), as in the attack grid.
+
 A noise spec without ``clip=`` gets the median per-token L2 norm of the public
 model's training states at that depth (positions >= 1), recorded in its label.
 ``overhead`` times the wire defenses alone per step at the model's width.
