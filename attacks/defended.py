@@ -70,3 +70,22 @@ def as_public(taps: Taps, public) -> Taps:
         return taps
     meta = {**taps.meta, "victim_sha256": taps.meta.get("model_sha256"), "model_sha256": public.sha256}
     return Taps(taps.hidden, taps.token_ids, taps.seq_lengths, taps.seq_doc, taps.documents, taps.offsets, meta)
+
+
+def cloud_body_layer(loaded, pipeline: DefensePipeline, depth: int) -> torch.nn.Module:
+    """The first body layer (index ``depth``) as the cloud holds it under ``pipeline`` (permute: transformed).
+
+    What an attacker who *is* the cloud has besides the public weights; the harness hands it to attacks that
+    :meth:`observe_cloud` (``vocab-match-adaptive`` under ``permute``).
+    """
+    holder = torch.nn.Module()
+    holder.layers = torch.nn.ModuleList([loaded.model.model.layers[depth]])
+    pipeline.apply_body(holder, loaded.hidden_size)
+    return holder.layers[0]
+
+
+def show_cloud(attack, loaded, pipeline: DefensePipeline, depth: int) -> None:
+    """Give ``attack`` the cloud's own body weights when the defense changed them and it can use them."""
+    if pipeline.needs_cloud_weights and hasattr(attack, "observe_cloud"):
+        attack.observe_cloud(cloud_body_layer(loaded, pipeline, depth), depth)
+

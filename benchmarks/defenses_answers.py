@@ -1,4 +1,4 @@
-"""Plain answers to issue 13's questions (a)-(e) from the rows of the ``defenses`` stage, with numbers and threat model.
+"""Plain answers to issue 13's questions (a)-(e), and (f) for the permute stretch, from the ``defenses`` stage.
 
 Each answer is computed from whatever the run measured; a question whose rows
 the suite's grid lacks is answered ``not measured in this suite``. Recovery is
@@ -118,8 +118,22 @@ def answer_e(rows: list[dict]) -> str:
             "is not stopped") + ". " + "; ".join(parts) + ".")
 
 
+def answer_f(rows: list[dict]) -> str:
+    permuted = [r for r in rows if r["family"] == "permute"]
+    if not permuted:
+        return NOT_MEASURED
+    parts = [f"head {r['depth']}, `{r['defense']}` (next-token agreement {_pct(r['next_token_agreement'])}, greedy "
+             f"identity {_pct(r['greedy_identity'])}): " + ", ".join(
+                 f"{x['attack']} ({x['threat_model']}) {_pct(x['top1']['value'])}" for x in r["attackers"])
+             for r in permuted]
+    broken = all(r["best"]["top1"]["value"] >= 0.9 for r in permuted)
+    return ("No: the cloud solves for the secret basis from the transformed weights it is handed (orthogonal "
+            "Procrustes against the public weights) and then matches as if undefended" if broken else
+            "Not fully: the best attacker stays below 90% somewhere") + ". " + "; ".join(parts) + "."
+
+
 def answers_section(data: dict) -> list[str]:
-    """The report's answers to (a)-(e), one line each."""
+    """The report's answers to (a)-(f), one line each."""
     rows = data.get("rows", [])
     return ["### Answers (issue 13, item 6)", "",
             f"- (a) Does a random LoRA perturbation lower recovery by an adaptive attacker? {answer_a(rows)}",
@@ -129,4 +143,6 @@ def answers_section(data: dict) -> list[str]:
             f"- (d) Is there a noise level where the best adaptive attacker recovers under 10% while next-token "
             f"agreement stays above 90%? {answer_d(rows)}",
             f"- (e) Does private fine-tuning of the local layers stop white-box vocabulary matching, and how many "
-            f"known-plaintext pairs does a learned attacker need to get back above 50%? {answer_e(rows)}", ""]
+            f"known-plaintext pairs does a learned attacker need to get back above 50%? {answer_e(rows)}",
+            f"- (f) Does a secret permutation or rotation of the hidden dimension (PermLLM / STIP family) hide the "
+            f"states from the cloud that runs the transformed body? {answer_f(rows)}", ""]

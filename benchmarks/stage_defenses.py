@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from attacks.defended import as_public, attacker_view, defend_taps, victim_model
+from attacks.defended import as_public, attacker_view, defend_taps, show_cloud, victim_model
 from attacks.evaluate import prior_from_taps, score
 from attacks.recipes.vocab_match import scoring_subset
 from attacks.registry import get_attack_class, make_attack
@@ -64,7 +64,7 @@ from splitinfer.timing import fit
 
 log = logging.getLogger(__name__)
 
-FAMILY_ORDER = ("none", "noise", "quant", "lora-random", "lora-private", "random-split")
+FAMILY_ORDER = ("none", "noise", "quant", "lora-random", "lora-private", "permute", "random-split")
 
 
 def _taps(loaded, cfg: dict, depths: list[int], split: str, per_corpus: int) -> tuple[dict[int, Taps], dict]:
@@ -120,6 +120,7 @@ def _attack(loaded, name: str, opts: dict, pipe: DefensePipeline, train: Taps, t
     atk = make_attack(name, model=loaded, seed=seed, **hp)
     t0 = time.perf_counter()
     atk.fit(defend_taps(train, own))
+    show_cloud(atk, loaded, pipe, int(test.meta["depth"]))  # permute: the cloud's own transformed weights
     vocab, prior = int(loaded.config.vocab_size), prior_from_taps(train)
     m = score(atk.invert(target, k=5), target, vocab_size=vocab, prior=prior)
     out = [{"attack": name, "threat_model": _threat(name, pipe), "metrics": m, "seconds": time.perf_counter() - t0,

@@ -138,6 +138,10 @@ class SplitModel:
         if self.defense.codec is not None:
             self.defense.codec.check_width(loaded.hidden_size)
         body = CloudBody.from_model(model, self.split)
+        if isinstance(cloud, str):
+            self.defense.refuse_served_body("a served body")
+        # permute: the transformed weights the cloud runs (a Link's caller gives its body them: apply_body)
+        self.defense.apply_body(body, loaded.hidden_size)
         info = body_info(loaded.spec, self.split, body, loaded.hidden_size, loaded.num_layers)
         if cloud is None:
             link: Link = InProcessLink(BodyService(body, info, service_limits or ServiceLimits(), self.defense), wan)
@@ -223,7 +227,7 @@ class SplitModel:
         t_cast = time.perf_counter()
         back, ft = self.remote.forward(sent, positions, parents, keep)  # (1, T, d) wire dtype
         t2 = time.perf_counter()
-        back = back.to(device=self.device, dtype=hidden.dtype)
+        back = self.defense.restore_down(back.to(device=self.device, dtype=hidden.dtype))  # permute: y Q^T
         logits, final = self.tail(back, pos, tail_cache, parents, return_final=True)  # (1, T, V), (1, T, d)
         logits = logits[0]  # (T, V)
         t3 = time.perf_counter()

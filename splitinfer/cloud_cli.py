@@ -74,13 +74,15 @@ def cmd_serve(args) -> int:
     BatchConfig(max_batch=args.max_batch, window_ms=args.batch_window_ms).validate()
     for warning in config.warnings():
         log.warning("%s", warning)
+    defense = DefenseFlags.from_args(args).pipeline()
+    defense.refuse_served_body("`splitinfer serve`")  # permute: transformed body weights are not shipped yet
     split = SplitConfig.parse(args.split)
     body, info = load_body(args.model, split, args.dtype, args.device, args.device_map, args.seed,
                            args.batch_invariant)
     service = make_service(body, info, args.max_sessions, args.max_context, args.idle_timeout_s,
                            int(args.max_frame_mb * 2**20), args.max_sessions_per_connection, args.stats_all,
                            BatchConfig(max_batch=args.max_batch, window_ms=args.batch_window_ms))
-    service.set_defense(DefenseFlags.from_args(args).pipeline())  # the cloud's side: quantised frames, reply noise
+    service.set_defense(defense)  # the cloud's side: quantised frames, reply noise
     log.info("body of %s split %s: layers %d..%d, sha256 %s", args.model, split, body.first_layer,
              body.first_layer + len(body.layers) - 1, info.body_sha256[:16])
 

@@ -19,6 +19,15 @@ and replaces the distance:
   quantiser (on the fp16 wire values) before the elementwise-relative distance,
   so the true token matches to float rounding and the early acceptance holds.
 
+- ``permute`` (a secret orthogonal basis Q with transformed body weights, see
+  :mod:`splitinfer.defenses.permute`): the attacker is the cloud, so it holds
+  ``W Q`` for every map that reads the residual stream, and the public W. The
+  orthogonal Procrustes solution (Schoenemann 1966) of ``min ||W Q' - W Q||``
+  over orthogonal Q' recovers Q from the first body layer
+  (:meth:`observe_cloud`); the observed states are turned back (``y Q^T``)
+  and matched as usual. Its proposer is fitted on the public model's own
+  states of the training text (the attacker recomputes them).
+
 Deviation: with noise and quant composed the likelihood ignores the
 quantisation of the noised value (its error is far below sigma*C at the
 strengths measured). The gradient-guided search is off under noise (it needs an
@@ -29,13 +38,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from attacks.errors import AttackError
 from attacks.recipes.vocab_match import VocabMatch, match_distance
 from attacks.registry import register_attack
+from attacks.tapdata import Taps
 from splitinfer.defenses import DefenseError, DefensePipeline
 from splitinfer.defenses.noise import clip_rows
+from splitinfer.defenses.permute import READERS
 
 
 @register_attack("vocab-match-adaptive")
@@ -55,6 +67,48 @@ class AdaptiveVocabMatch(VocabMatch):
         if self.noise is not None and self.noise.sigma > 0:
             self.hparams["tol"] = -1.0  # never accept early: scan the candidates, keep the likeliest
             self.hparams["grad_steps"] = 0
+
+        self.permute = self.defense.get("permute")
+        self.basis = None  # permute: (d, d) float64 estimate of the secret Q (observe_cloud)
+
+    @torch.no_grad()
+    def observe_cloud(self, layer: torch.nn.Module, depth: int) -> None:
+        """Recover permute's Q from the cloud's own first body layer (index ``depth``) by orthogonal Procrustes."""
+        public = self._need_model().model.model.layers[depth]
+        gains = {name: public.get_submodule(norm).weight.double() for norm, names in
+                 (("input_layernorm", READERS[:3]), ("post_attention_layernorm", READERS[3:])) for name in names}
+        w = torch.cat([public.get_submodule(n).weight.double() * gains[n][None] for n in READERS])  # (N, d)
+        wq = torch.cat([layer.get_submodule(n).weight.double() for n in READERS])  # (N, d)
+        u, _, vh = torch.linalg.svd(w.T @ wq)  # (d, d)
+        self.basis = u @ vh
+        self.fit_report["basis_residual"] = float((w @ self.basis - wq).norm() / wq.norm())
+
+    @torch.no_grad()
+    def _public_view(self, taps: Taps) -> Taps:
+        """The public model's own head states of the taps' token sequences (the attacker recomputes them)."""
+        from attacks.taps import TruncatedForward
+
+        stack = TruncatedForward(self._need_model().model, int(taps.meta.get("depth") or 0)).eval()
+        out = np.empty(taps.hidden.shape, dtype=np.float32)
+        for _, rows in taps.sequences():
+            ids = torch.from_numpy(np.asarray(taps.token_ids[rows], dtype=np.int64))[None]  # (1, T)
+            out[rows] = stack(ids)[0].float().numpy()
+        return Taps(out, taps.token_ids, taps.seq_lengths, taps.seq_doc, taps.documents, taps.offsets, taps.meta)
+
+    def _fit(self, train: Taps, val: Taps | None, trainer: Any) -> None:
+        if self.permute is not None:  # its own defended pairs are in its own basis: use the clean ones
+            train, val = self._public_view(train), (self._public_view(val) if val is not None else None)
+        super()._fit(train, val, trainer)
+
+    def _invert(self, taps: Taps, k: int):
+        if self.permute is not None:
+            if self.basis is None:
+                raise AttackError("vocab-match-adaptive under permute needs the cloud's body weights: call "
+                                  "observe_cloud(layer, depth) first (the defenses bench stage does)")
+            y = torch.from_numpy(np.asarray(taps.hidden, dtype=np.float32)).double()  # (N, d) in Q's basis
+            taps = Taps((y @ self.basis.T).float().numpy(), taps.token_ids, taps.seq_lengths, taps.seq_doc,
+                        taps.documents, taps.offsets, taps.meta)
+        return super()._invert(taps, k)
 
     def distance(self, h: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:  # (B, d), (d,) -> (B,)
         if self.noise is not None:

@@ -11,7 +11,9 @@ the frame's tensors. With no wire defense every method is the identity on the
 ``hidden`` tensor, so the undefended frames are byte-identical to an undefended
 build. :meth:`simulate_up` computes what the cloud receives without a link (the
 attack harness extracts defended taps with it). Model defenses (lora-random)
-change the local layers: :meth:`apply_head`.
+change the local layers: :meth:`apply_head`. ``permute`` also changes the
+body's weights (:meth:`apply_body`, in-process only) and the client turns the
+reply back (:meth:`restore_down`).
 """
 
 from __future__ import annotations
@@ -103,6 +105,13 @@ class DefensePipeline:
             return self.codec.decode(tensors, d)  # ProtocolError on a malformed reply
         return tensors.get("hidden")
 
+    def restore_down(self, back: torch.Tensor) -> torch.Tensor:
+        """Client: (1, T, d) body output as received -> (1, T, d) in the tail's basis (permute's ``y Q^T``)."""
+        for d in reversed(self.transforms):
+            if hasattr(d, "restore"):
+                back = d.restore(back)
+        return back
+
     def down_dtype(self, sent: torch.dtype) -> torch.dtype:
         """The reply's dtype: the client's wire dtype, or float32 when a codec dequantises on the cloud."""
         return sent if self.codec is None else torch.float32
@@ -111,6 +120,26 @@ class DefensePipeline:
         """(T, d) states of a sequence (positions 0..T-1, on the wire dtype) -> (T, d) float32 as the body gets them."""
         x = self.transform_up(hidden[None], range(len(tokens)), session, path_digests(0, tokens))
         return (self.codec.roundtrip(x) if self.codec else x)[0].float()
+
+    # ---------------------------------------------------------------- cloud weights
+    @property
+    def needs_cloud_weights(self) -> bool:
+        """True when the cloud must run body weights transformed with a secret (permute)."""
+        return any(getattr(d, "cloud_weights", False) for d in self.items)
+
+    def apply_body(self, body: torch.nn.Module, d: int) -> None:
+        """Give an in-process CloudBody the transformed weights its defenses hand the cloud (private copies)."""
+        for item in self.items:
+            if getattr(item, "cloud_weights", False):
+                body.layers = torch.nn.ModuleList(item.body_layers(list(body.layers), d))
+
+    def refuse_served_body(self, where: str) -> None:
+        """A one-line error when a served body would need transformed weights (not shipped yet)."""
+        if self.needs_cloud_weights:
+            names = ", ".join(d.name for d in self.items if getattr(d, "cloud_weights", False))
+            raise DefenseError(f"{names}: the cloud must run body weights transformed with your secret, and "
+                               f"{where} cannot ship them yet; use the in-process body (no --cloud) or "
+                               "`splitinfer attack`/`bench`")
 
     # ---------------------------------------------------------------- local layers
     def apply_head(self, head: torch.nn.Module) -> None:

@@ -105,3 +105,24 @@ def test_defenses_table_scores_user_text_with_baselines(cfg: dict, tmp_path: Pat
     text = "\n".join(defenses_section(out, tmp_path))
     assert "Scope: user text" in text and "template top-1" in text and "lift over strongest baseline" in text
     assert "Baselines beside the table" in text and "position" in text
+
+
+def test_permute_row_keeps_utility_and_the_cloud_undoes_it_with_its_weights(cfg: dict) -> None:
+    """The cloud's own transformed weights give the basis away (vocab-match-adaptive recovers everything); a
+    learned attacker trained on its own basis does not transfer; the split's output is the undefended one."""
+    results = {"config": {"seed": 0}, "results": {}}
+    out = stage_defenses(load_model("tiny-random"), {
+        **cfg, "defenses": ["permute(mode=rotation)"], "attackers": ["vocab-match-adaptive", "linear-probe"],
+        "options": {**cfg["options"], "linear-probe": {"epochs": 2}}, "overhead": []}, results)
+    (row,) = out["rows"]
+    by = {x["attack"]: x for x in row["attackers"]}
+    assert row["family"] == "permute" and row["defense"] == "permute(mode=rotation)"  # the seed stays secret
+    assert by["vocab-match-adaptive"]["top1"]["value"] == 1.0
+    assert by["vocab-match-adaptive"]["threat_model"] == "white-box (exact), adaptive"
+    assert by["linear-probe"]["top1"]["value"] < 0.5
+    assert row["greedy_identity"] == 1.0 and row["next_token_agreement"] >= 0.95
+    from benchmarks.defenses_answers import answers_section
+
+    (f,) = [line for line in answers_section(out) if line.startswith("- (f)")]
+    assert "No: the cloud solves for the secret basis" in f
+    assert "vocab-match-adaptive (white-box (exact), adaptive) 100.0%" in f

@@ -7,7 +7,9 @@ import os
 
 import pytest
 
-from attacks.defended import attacker_view, defend_taps
+import torch
+
+from attacks.defended import attacker_view, defend_taps, show_cloud
 from attacks.errors import AttackError
 from attacks.registry import make_attack
 from attacks.taps import extract_depths
@@ -50,3 +52,21 @@ def test_noise_likelihood_rule_beats_plain_matching(tiny, taps):
 def test_bad_defense_is_an_attack_error(tiny):
     with pytest.raises(AttackError, match="unknown defense"):
         make_attack("vocab-match-adaptive", model=tiny, defense="blur")
+
+
+@pytest.mark.parametrize("mode", ["signed", "rotation"])
+def test_the_clouds_own_weights_give_away_the_permute_basis(tiny, taps, mode):
+    pipe = DefensePipeline.parse(f"permute(mode={mode},seed=3)")
+    test = defend_taps(taps.select_sequences(range(3)), pipe)
+    train = defend_taps(taps, attacker_view(pipe))  # its own basis: a learned map from these would not transfer
+    atk = make_attack("vocab-match-adaptive", model=tiny, defense=f"permute(mode={mode})", proposer_tokens=2000,
+                      random_tokens=512).fit(train)
+    with pytest.raises(AttackError, match="observe_cloud"):
+        atk.invert(test, k=1)
+    show_cloud(atk, tiny, pipe, 2)  # the cloud holds W Q for its first body layer (index 2)
+    assert atk.fit_report["basis_residual"] < 1e-6  # float32 weights: 2e-8 measured
+    assert torch.allclose(atk.basis, pipe.get("permute").matrix(tiny.hidden_size), atol=1e-6)
+    assert float((atk.invert(test, k=1).tokens == test.token_ids).mean()) == 1.0
+    plain = _top1(tiny, f"permute(mode={mode},seed=3)", taps, name="vocab-match", max_candidates=256,
+                  batch_sizes=[256], grad_steps=0)
+    assert plain < 0.5  # matching in the wrong basis fails

@@ -22,3 +22,11 @@ def test_served_quant_matches_in_process_and_refuses_a_mismatch(tiny_dir, tmp_pa
             SplitModel(loaded, "2,1", cloud=server.url)
     finally:
         server.stop()
+
+
+def test_serve_refuses_permute_before_loading_the_body(capsys):
+    from splitinfer.cli import main
+
+    rc = main(["serve", "--model", "no-such-model", "--split", "2,1", "--insecure", "--defense", "permute"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "cannot ship them yet" in err[0], err
