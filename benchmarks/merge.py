@@ -10,6 +10,12 @@ is what one unsharded run writes (the same runs and metrics; rows of the grid
 stages in job order), with ``merged_shards`` recorded; the stage times are the
 sums over the shards (processor time, not wall time when the shards ran side
 by side). It is validated by :mod:`benchmarks.schema` before it is written.
+
+``--partial`` merges a set with shards still missing (a grid that takes more
+than one machine's night, run a few shards at a time): shard 0 must be there
+(it holds the stages that are not grids), the missing indices are recorded as
+``missing_shards`` and the report's header says that every figure covers the
+merged shards only. Everything else is checked as for a complete set.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import copy
 import shutil
 from pathlib import Path
 
-from benchmarks.schema import SchemaError, load, save
+from benchmarks.schema import SCHEMA_MINOR, SchemaError, git_state, load, save
 from benchmarks.stages import STAGES
 
 _PER_MACHINE = ("torch_threads",)  # config keys shards on different machines may differ in
@@ -42,8 +48,8 @@ def _why_differ(a: dict, b: dict, where: str) -> str | None:
     return None if a == b else where
 
 
-def check_shards(docs: list[tuple[Path, dict]]) -> int:
-    """Refuse shards that are not one run's complete set; return the shard count N."""
+def check_shards(docs: list[tuple[Path, dict]], partial: bool = False) -> tuple[int, list[int]]:
+    """Refuse shards that are not one run's (complete, unless ``partial``) set; return (N, missing indices)."""
     if not docs:
         raise SchemaError("bench merge: give at least one shard directory (bench run --shard I/N --out DIR)")
     for path, d in docs:
@@ -71,10 +77,13 @@ def check_shards(docs: list[tuple[Path, dict]]) -> int:
             raise SchemaError(f"shard {i}/{n} given twice ({seen[i]} and {path}); give each shard once")
         seen[i] = path
     missing = sorted(set(range(n)) - set(seen))
-    if missing:
+    if missing and not partial:
         raise SchemaError(f"shard(s) {', '.join(f'{i}/{n}' for i in missing)} missing; give all {n} shard "
-                          "directories")
-    return n
+                          "directories, or merge what is there with --partial")
+    if 0 in missing:
+        raise SchemaError(f"shard 0/{n} missing: a partial merge needs shard 0 (the stages that are not grids run "
+                          "there); run bench run --shard 0/N first")
+    return n, missing
 
 
 def _merge_rows(parts: list[dict]) -> list[dict]:
@@ -114,15 +123,19 @@ def _merge_metrics(docs: list[tuple[Path, dict]]) -> dict:
     return out
 
 
-def merge_results(docs: list[tuple[Path, dict]]) -> dict:
-    """One results document from a complete set of shards (see the module docstring)."""
-    n = check_shards(docs)
+def merge_results(docs: list[tuple[Path, dict]], partial: bool = False) -> dict:
+    """One results document from a complete (or, with ``partial``, an incomplete) set of shards."""
+    n, missing = check_shards(docs, partial)
     docs = sorted(docs, key=lambda x: x[1]["shard"]["index"])
     first = docs[0][1]
     merged = {k: copy.deepcopy(v) for k, v in first.items() if k not in ("shard", "results", "data")}
     merged["git_dirty"] = True if any(d["git_dirty"] for _, d in docs) else first["git_dirty"]
     merged["date"] = max(d["date"] for _, d in docs)
     merged["merged_shards"] = n
+    if missing:
+        merged["missing_shards"] = missing
+        merged["schema_minor"] = max(int(merged.get("schema_minor") or 0), SCHEMA_MINOR)
+    merged["merged_by"] = dict(zip(("git_hash", "git_dirty"), git_state()))  # the checkout that ran the merge
     merged["results"] = _merge_metrics(docs)
     datas = [d.get("data", {}) for _, d in docs]
     data: dict = {}
@@ -141,12 +154,12 @@ def merge_results(docs: list[tuple[Path, dict]]) -> dict:
     return merged
 
 
-def merge_dirs(out_dir: str | Path, shard_dirs: list[str | Path]) -> Path:
+def merge_dirs(out_dir: str | Path, shard_dirs: list[str | Path], partial: bool = False) -> Path:
     """Merge the shards under ``shard_dirs`` into ``out_dir``: results.json, predictions, report.md and plots."""
     from benchmarks.report import write_report
 
     docs = [(_shard_path(s), load(_shard_path(s))) for s in shard_dirs]
-    merged = merge_results(docs)
+    merged = merge_results(docs, partial)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for path, _ in docs:
@@ -159,7 +172,7 @@ def merge_dirs(out_dir: str | Path, shard_dirs: list[str | Path]) -> Path:
 
 
 def cmd_merge(args) -> int:
-    path = merge_dirs(args.out, args.shards)
+    path = merge_dirs(args.out, args.shards, args.partial)
     print(f"results written to {path}")
     print(f"report written to {Path(args.out) / 'report.md'}")
     return 0
@@ -170,4 +183,6 @@ def register(bsub) -> None:
                                       "file and report")
     m.add_argument("out", help="output directory")
     m.add_argument("shards", nargs="+", help="the shard directories (or their results.json), one per shard")
+    m.add_argument("--partial", action="store_true",
+                   help="merge an incomplete set (shard 0 included); the report says which shards are missing")
     m.set_defaults(func=cmd_merge)

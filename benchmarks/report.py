@@ -141,6 +141,11 @@ def stage_time_section(data: dict) -> list[str]:
 
 def _shards(results: dict) -> str:
     """How the run was cut (bench run --shard / bench merge), for the header line."""
+    if results.get("missing_shards"):
+        n, missing = results["merged_shards"], results["missing_shards"]
+        return (f" (processor time summed over {n - len(missing)} of {n} shards; **partial merge**: shards "
+                f"{', '.join(str(i) for i in missing)} of {n} not run yet, so every table and plot covers the merged "
+                "shards only)")
     if results.get("merged_shards"):
         return f" (processor time summed over {results['merged_shards']} merged shards)"
     if results.get("shard"):

@@ -30,7 +30,9 @@ A results document looks like::
 
 A shard of a run (``bench run --shard I/N``) carries ``"shard": {"index": I,
 "count": N}``; a document merged from N shards (``bench merge``) carries
-``"merged_shards": N``.
+``"merged_shards": N`` and ``"merged_by"`` (the git hash and dirty flag of the
+checkout that merged them), and, when merged with ``--partial``,
+``"missing_shards"``: the indices not merged.
 
 Extra top-level keys are allowed (forward compatible); metric entries may only
 hold the keys above plus an optional ``unit`` string.
@@ -82,7 +84,7 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1  # major: bumped when a key, run or metric is renamed or removed (migration in regress)
-SCHEMA_MINOR = 2  # minor: bumped when keys, runs or metrics are added (2: "shard", "merged_shards")
+SCHEMA_MINOR = 3  # bumped when keys, runs or metrics are added (2: shard, merged_shards; 3: missing_shards, merged_by)
 KINDS = ("exact", "accuracy", "efficiency", "info")
 _VERSIONED_PACKAGES = ("torch", "transformers", "numpy", "splitinfer")
 _METRIC_REQUIRED = ("value", "ci_low", "ci_high", "n", "higher_is_better", "kind")

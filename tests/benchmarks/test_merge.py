@@ -144,3 +144,18 @@ def test_bench_merge_cli_reports_one_line(runs: dict, tmp_path: Path, capsys: py
     assert err.startswith("splitinfer: error:") and "1/2 missing" in err and "\n" not in err
     assert main(["bench", "merge", str(tmp_path / "m"), str(runs[0].parent), str(runs[1].parent)]) == 0
     assert schema.load(tmp_path / "m" / "results.json")["merged_shards"] == 2
+
+
+def test_a_partial_merge_needs_partial_and_shard_0_and_says_what_is_missing(runs: dict, tmp_path: Path) -> None:
+    docs = [(runs[i], schema.load(runs[i])) for i in range(2)]
+    merged = merge_results([docs[0]], partial=True)
+    assert merged["merged_shards"] == 2 and merged["missing_shards"] == [1]
+    assert merged["schema_minor"] >= 3 and set(merged["merged_by"]) == {"git_hash", "git_dirty"}
+    assert {r["job"] for r in merged["data"]["defenses"]["rows"]} == {0, 2}  # shard 0's jobs only
+    schema.validate(merged)
+    with pytest.raises(schema.SchemaError, match=r"shard 0/2 missing: a partial merge needs shard 0"):
+        merge_results([docs[1]], partial=True)
+    assert "missing_shards" not in merge_results(docs, partial=True)  # a complete set is a complete merge
+    path = merge_dirs(tmp_path / "partial", [runs[0].parent], partial=True)
+    header = (path.parent / "report.md").read_text().split("## Summary")[0]
+    assert "partial merge" in header and "shards 1 of 2 not run yet" in header
