@@ -136,6 +136,7 @@ def register(sub) -> None:
     """Mount ``bench`` and its sub-commands on the ``splitinfer`` sub-command parser."""
     from benchmarks import regress
     from benchmarks.attacks_depth_cli import register as register_attacks_depth
+    from benchmarks.baseline import register as register_baseline
     from benchmarks.decoding_cli import register as register_decoding
     from benchmarks.merge import register as register_merge
     from benchmarks.server_batching_cli import register as register_batching
@@ -172,6 +173,7 @@ def register(sub) -> None:
                         "stages run in shard 0 only; join the shards with bench merge (default: the whole run)")
     r.set_defaults(func=cmd_run)
     register_merge(bsub)
+    register_baseline(bsub)
     p = bsub.add_parser("report", help="rebuild report.md and plots from a results.json")
     p.add_argument("--results", required=True)
     p.add_argument("--out", default=None, help="directory (default: next to results.json)")
