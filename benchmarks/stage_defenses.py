@@ -314,10 +314,12 @@ def _pct(x) -> str:
 
 
 def _baseline_lines(rows: list[dict]) -> list[str]:
-    """Per depth, the activation-free baselines (user text) of the undefended row's widest-scored attacker."""
+    """Per depth, the activation-free baselines (user text) of the widest-scored attacker of the undefended row,
+    or of any row at that depth when the run (a shard) has none: they depend on the scored tokens only."""
     out = []
     for a in sorted({r["depth"] for r in rows}):
-        tried = [x for r in rows if r["depth"] == a and r["defense"] == "none" for x in r["attackers"]
+        at = [r for r in rows if r["depth"] == a]
+        tried = [x for r in ([r for r in at if r["defense"] == "none"] or at) for x in r["attackers"]
                  if "baseline_uniform_top1" in x]
         if tried:
             x = max(tried, key=lambda x: x["top1"]["n"])

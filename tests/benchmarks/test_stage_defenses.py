@@ -126,3 +126,27 @@ def test_permute_row_keeps_utility_and_the_cloud_undoes_it_with_its_weights(cfg:
     (f,) = [line for line in answers_section(out) if line.startswith("- (f)")]
     assert "No: the cloud solves for the secret basis" in f
     assert "vocab-match-adaptive (white-box (exact), adaptive) 100.0%" in f
+
+
+def _m(value: float, lo: float | None, hi: float | None, n: int) -> dict:
+    return {"value": value, "ci_low": lo, "ci_high": hi, "n": n, "higher_is_better": True, "kind": "accuracy"}
+
+
+def _row(depth: int, defense: str, family: str, top1: dict, **extra) -> dict:
+    """A hand-made grid row as the stage's ``_summary`` returns it (one linear-probe attacker)."""
+    best = {"attack": "linear-probe", "threat_model": "shadow, adaptive", "top1": top1,
+            "baseline_uniform_top1": _m(0.0001, None, None, top1["n"]),
+            "baseline_unigram_top1": _m(0.05, 0.03, 0.07, top1["n"]),
+            "baseline_position_top1": _m(0.03, 0.01, 0.05, top1["n"])}
+    return {"job": 0, "depth": depth, "defense": defense, "family": family, "strength": {}, "describe": [defense],
+            "attackers": [best], "best": best, "next_token_agreement": 0.9, "perplexity": 30.0,
+            "perplexity_undefended": 29.0, "positions": 100, "greedy_identity": 0.5, "bytes_per_step": 2672.0,
+            "tau_combined": 1.1, "modelled_tok_s_80ms": 8.0, **extra}
+
+
+def test_baselines_are_reported_beside_a_table_without_an_undefended_row(tmp_path: Path) -> None:
+    """A shard of the full grid holds one defended row and no ``none`` row: its baselines still go beside it
+    (DESIGN.md section 5: always reported; they depend on the scored tokens, not on the defense)."""
+    row = _row(8, "lora-private(rank=8,steps=50)", "lora-private", _m(0.79, 0.76, 0.82, 3186))
+    text = "\n".join(defenses_section({"rows": [row]}, tmp_path))
+    assert "Baselines beside the table" in text and "unigram 5.0 [3.0, 7.0]" in text
