@@ -90,6 +90,9 @@ def test_lora_private_is_shadow_and_paired_attackers_report_k(cfg: dict, tmp_pat
     assert by[("linear-probe+paired", 40)]["threat_model"] == "paired (k=40), adaptive"
     assert 0 < by[("linear-probe+paired", 40)]["pairs_used"] <= 40
     assert private["best"]["attack"] in ("vocab-match-adaptive", "linear-probe")  # best: without deployment pairs
+    vm, lp = by[("vocab-match-adaptive", None)], by[("linear-probe", None)]
+    assert lp["top1"]["n"] > vm["top1"]["n"] == lp["common_top1"]["n"] == vm["common_top1"]["n"]  # one scope
+    assert private["best"]["common_top1"]["value"] == max(vm["common_top1"]["value"], lp["common_top1"]["value"])
     assert "defenses/head:2/lora-private(rank=2,steps=3)/linear-probe+paired/k=40" in results["results"]
     text = "\n".join(answers_section(out))
     assert "(e) " in text and "paired (known-plaintext pairs from the deployment): linear-probe k=0" in text
@@ -150,3 +153,16 @@ def test_baselines_are_reported_beside_a_table_without_an_undefended_row(tmp_pat
     row = _row(8, "lora-private(rank=8,steps=50)", "lora-private", _m(0.79, 0.76, 0.82, 3186))
     text = "\n".join(defenses_section({"rows": [row]}, tmp_path))
     assert "Baselines beside the table" in text and "unigram 5.0 [3.0, 7.0]" in text
+
+
+def test_the_best_attacker_is_chosen_on_the_tokens_every_attacker_is_scored_on() -> None:
+    """vocab-match on 16 prefix tokens against a probe on 358 tokens: the probe's higher all-token top-1 does not
+    make it the stronger attacker when it recovers less of the prefixes both are scored on (paired rows aside)."""
+    from benchmarks.stage_defenses import _best
+
+    vm = {"attack": "vocab-match-adaptive", "metrics": {"token_acc_top1": _m(0.5, 0.25, 0.75, 16)},
+          "common_top1": _m(0.5, 0.25, 0.75, 16)}
+    lp = {"attack": "linear-probe", "metrics": {"token_acc_top1": _m(0.6, 0.55, 0.65, 358)},
+          "common_top1": _m(0.375, 0.125, 0.625, 16)}
+    paired = {"attack": "linear-probe+paired", "k": 100, "metrics": {"token_acc_top1": _m(0.9, 0.8, 1.0, 16)}}
+    assert _best([lp, vm, paired])["attack"] == "vocab-match-adaptive"
