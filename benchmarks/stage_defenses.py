@@ -195,7 +195,8 @@ def _cost(loaded, depth: int, tail: int, pipe: DefensePipeline, cfg: dict, refer
     comb = [sm.generate(p, tokens, chat=True, decoding="combined", decoding_options=opts) for p in prompts]
     steps = [s for r in comb for s in r.steps[1:]]
     model = fit([s for r in comb for s in r.steps], 0.0, None).project(80.0, 100.0)
-    return {"greedy_identity": float(np.mean(share)), "bytes_per_step": float(np.mean(bytes_step)),
+    return {"greedy_identity": float(np.mean(share)), "greedy_prompts": len(prompts),
+            "bytes_per_step": float(np.mean(bytes_step)),
             "tau_combined": sum(len(r.token_ids) for r in comb) / max(1, sum(len(r.steps) for r in comb)),
             "modelled_tok_s_80ms": model.tok_s(steps)}
 
@@ -228,9 +229,8 @@ def _record(results: dict, run: str, row: dict) -> None:
     best = row["best"]["metrics"]["token_acc_top1"]
     add_metric(results, run, "recovery_top1", metric(best["value"], best["ci_low"], best["ci_high"], best["n"],
                                                      False, kind="accuracy"))
-    for key, better in (("next_token_agreement", True), ("greedy_identity", True)):
-        add_metric(results, run, key, metric(row[key], n=row.get("positions"), higher_is_better=better,
-                                             kind="accuracy"))
+    for key, n in (("next_token_agreement", "positions"), ("greedy_identity", "greedy_prompts")):
+        add_metric(results, run, key, metric(row[key], n=row.get(n), higher_is_better=True, kind="accuracy"))
     for key, better in (("perplexity", False), ("bytes_per_step", False), ("tau_combined", True),
                         ("modelled_tok_s_80ms", True)):
         add_metric(results, run, key, metric(row[key], higher_is_better=better, kind="info"))

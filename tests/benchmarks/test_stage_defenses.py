@@ -166,3 +166,17 @@ def test_the_best_attacker_is_chosen_on_the_tokens_every_attacker_is_scored_on()
           "common_top1": _m(0.375, 0.125, 0.625, 16)}
     paired = {"attack": "linear-probe+paired", "k": 100, "metrics": {"token_acc_top1": _m(0.9, 0.8, 1.0, 16)}}
     assert _best([lp, vm, paired])["attack"] == "vocab-match-adaptive"
+
+
+def test_greedy_identity_counts_the_prompts_it_is_measured_on() -> None:
+    """Greedy identity is a mean over the suite's prompts; its n is theirs, not the utility's teacher-forced
+    positions (next-token agreement's n)."""
+    from benchmarks.stage_defenses import _record
+
+    best = {"attack": "linear-probe", "metrics": {"token_acc_top1": _m(0.5, 0.4, 0.6, 300)}}
+    row = {**_row(2, "none", "none", _m(0.5, 0.4, 0.6, 300)), "best": best, "attackers": [best],
+           "greedy_prompts": 2}
+    results = {"results": {}}
+    _record(results, "defenses/head:2/none", row)
+    run = results["results"]["defenses/head:2/none"]
+    assert run["greedy_identity"]["n"] == 2 and run["next_token_agreement"]["n"] == 100
