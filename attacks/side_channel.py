@@ -25,8 +25,9 @@ same decoding (it knows both), so it is ``white-box (learned)`` on metadata
 only. Scoring: scikit-learn logistic regression on standardised features,
 k-fold cross-validation with sessions grouped (a group's sessions share a
 fold), every session predicted once by a model that never saw it; accuracy
-with its 95% interval (:func:`attacks.metrics.intervals.interval`, sessions as
-the units) beside the majority-class rule under the same folds.
+with its 95% interval (:func:`attacks.metrics.intervals.interval`, the groups
+as the units: a paragraph's two prompts are not two independent cases) beside
+the majority-class rule under the same folds.
 """
 
 from __future__ import annotations
@@ -95,9 +96,10 @@ def cross_validated(features: Sequence[dict], labels: Sequence[int], groups: Seq
         clf.fit(x[train], y[train])
         right[test] = clf.predict(x[test]) == y[test]
         majority[test] = y[test] == int(np.bincount(y[train], minlength=2).argmax())
-    ones = np.ones(len(y))
-    acc, lo, hi = interval(right, ones, binary=True, seed=seed)
-    base, blo, bhi = interval(majority, ones, binary=True, seed=seed)
+    _, unit = np.unique(g, return_inverse=True)  # (n,) the group of each session: the bootstrap's unit
+    size = np.bincount(unit).astype(np.float64)  # (G,)
+    acc, lo, hi = interval(np.bincount(unit, weights=right), size, binary=True, seed=seed)
+    base, blo, bhi = interval(np.bincount(unit, weights=majority), size, binary=True, seed=seed)
     return {"feature_set": feature_set, "features": list(names), "accuracy": acc, "ci_low": lo, "ci_high": hi,
             "majority": base, "majority_ci_low": blo, "majority_ci_high": bhi, "n": int(len(y)),
-            "threat_model": THREAT_MODEL}
+            "groups": int(len(size)), "correct": right.astype(int).tolist(), "threat_model": THREAT_MODEL}

@@ -4,10 +4,13 @@ Each answer is computed from whatever the run measured; a question whose rows
 the suite's grid lacks is answered ``not measured in this suite``. Recovery is
 the best attacker's user-text top-1 with its 95% interval (bootstrap over
 documents; ``n/a`` below 2 documents); utility is next-token agreement against
-the undefended model.
+the undefended model. Depth identification (b) is a yes when depth-id names more sessions than halfway
+from chance to all of them and its 95% Clopper-Pearson lower bound over sessions lies above chance.
 """
 
 from __future__ import annotations
+
+from attacks.metrics.intervals import clopper_pearson
 
 NOT_MEASURED = "not measured in this suite"
 
@@ -54,13 +57,24 @@ def answer_a(rows: list[dict]) -> str:
     return _lower(rows, "lora-random") + "; ".join(got) + "."
 
 
+def _session_interval(r: dict) -> tuple[float, float]:
+    """95% Clopper-Pearson bounds of depth-id's session accuracy (sessions as the units)."""
+    return clopper_pearson(round(r["sequence_acc"] * r["sequences"]), r["sequences"])
+
+
+def _identifies(r: dict) -> bool:
+    """More than halfway from chance to certainty, and the interval's lower bound above chance."""
+    return r["sequence_acc"] > (1 + r["chance"]) / 2 and _session_interval(r)[0] > r["chance"]
+
+
 def answer_b(random_split: list[dict]) -> str:
     if not random_split:
         return NOT_MEASURED
     return "; ".join(
-        f"`{r['defense']}` ({r['threat_model']}): " + ("yes" if r["sequence_acc"] > 2 * r["chance"] else "not reliably")
+        f"`{r['defense']}` ({r['threat_model']}): " + ("yes" if _identifies(r) else "not reliably")
         + f", depth-id names the session's depth for {_pct(r['sequence_acc'])} of {r['sequences']} sessions "
-        f"(chance {_pct(r['chance'])}; {_pct(r['token_acc'])} of single states)" + _end_to_end(r)
+        f"(95% CI [{100 * _session_interval(r)[0]:.1f}, {100 * _session_interval(r)[1]:.1f}]; chance "
+        f"{_pct(r['chance'])}; {_pct(r['token_acc'])} of single states)" + _end_to_end(r)
         for r in random_split) + "."
 
 

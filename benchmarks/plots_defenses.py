@@ -5,6 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def error_bars(rows: list[dict]) -> tuple[list[float], list[float]]:
+    """(below, above) in points of the best recovery's 95% interval per row; 0 where it has none (n/a)."""
+    below, above = [], []
+    for r in rows:
+        m = r["best"]["top1"]
+        below.append(0.0 if m["ci_low"] is None else 100 * (m["value"] - m["ci_low"]))
+        above.append(0.0 if m["ci_high"] is None else 100 * (m["ci_high"] - m["value"]))
+    return below, above
+
 
 def plot_frontier(rows: list[dict], out: Path, depth: int) -> Path | None:
     """One panel: x = next-token agreement, y = best recovery top-1 (CI bars); marker size = tok/s at 80 ms."""
@@ -21,10 +30,7 @@ def plot_frontier(rows: list[dict], out: Path, depth: int) -> Path | None:
         pts = sorted((r for r in rows if r["family"] == fam), key=lambda r: r["next_token_agreement"])
         x = [100 * r["next_token_agreement"] for r in pts]
         y = [100 * r["best"]["top1"]["value"] for r in pts]
-        lo = [100 * (r["best"]["top1"]["value"] - (r["best"]["top1"]["ci_low"] or r["best"]["top1"]["value"]))
-              for r in pts]
-        hi = [100 * ((r["best"]["top1"]["ci_high"] or r["best"]["top1"]["value"]) - r["best"]["top1"]["value"])
-              for r in pts]
+        lo, hi = error_bars(pts)
         style = dict(marker="*", color="black", linestyle="none") if fam == "none" else dict(marker="o")
         ax.errorbar(x, y, yerr=[lo, hi], label="undefended" if fam == "none" else fam, capsize=3, **style)
         ax.scatter(x, y, s=[20 + 180 * r["modelled_tok_s_80ms"] / top for r in pts], alpha=0.3,

@@ -135,7 +135,8 @@ def report(data: dict) -> str:
              f"Model `{data['model']}`, split {data['split']}, `{data['decoding']}` decoding "
              f"({data['tokens']} new tokens per session, chat form), {data['per_class']} sessions per class; "
              f"commit {data['git']}. Classifier: logistic regression, {data['folds']}-fold cross-validation over "
-             "sessions (a paragraph's two prompts share a fold); 95% intervals over sessions. Threat model: "
+             "sessions (a paragraph's two prompts share a fold); 95% intervals by bootstrap over paragraphs (a "
+             "paragraph's two prompts are one unit; each other session its own). Threat model: "
              f"{data['tasks'][0]['scores'][0]['threat_model']}. Baseline: the majority class under the same folds.",
              "", "| task | features | accuracy | 95% CI | majority baseline | sessions |", "|---|---|---|---|---|---|"]
     for t in data["tasks"]:

@@ -9,8 +9,10 @@ For every head depth and defense spec of the suite it measures, side by side
   the mechanism and its public parameters, train on their own defended pairs
   (:func:`attacks.defended.attacker_view`, other noise draws) made with the
   *public* weights. ``vocab-match-adaptive`` is scored on sequence prefixes
-  (:func:`attacks.recipes.vocab_match.scoring_subset`). The best attacker's
-  top-1 (95% bootstrap CI over documents) is the recovery.
+  (:func:`attacks.recipes.vocab_match.scoring_subset`), the others on every
+  test token and, for the comparison, on those prefixes too: the best attacker
+  is the one with the highest top-1 on the tokens every attacker is scored on;
+  its top-1 on its own scope (95% bootstrap CI over documents) is the recovery.
 - utility: next-token agreement (argmax) and perplexity of the defended split
   on held-out sequences against the undefended model, teacher-forced through
   the real runtime (:meth:`SplitModel.forward_step`, the defense on the wire);
@@ -106,25 +108,40 @@ def _threat(name: str, pipe: DefensePipeline) -> str:
     return base if pipe.is_none else f"{base}, adaptive"
 
 
+def _common_tokens(attackers: list[str], options: dict) -> int | None:
+    """The prefix size every attacker is also scored on (the first prefix-scored attacker's), None if none is."""
+    first = next((n for n in attackers if get_attack_class(n).scoring == "prefixes"), None)
+    return None if first is None else int(options.get(first, {}).get("scored_tokens", 32))
+
+
+def _best(tried: list[dict]) -> dict:
+    """The strongest attacker without deployment pairs, by top-1 on the tokens every attacker is scored on."""
+    return max((x for x in tried if "k" not in x), key=lambda r: r["common_top1"]["value"])
+
+
 def _attack(loaded, name: str, opts: dict, pipe: DefensePipeline, train: Taps, test: Taps, rows: dict,
-            seed: int, pairs: dict[int, Taps] | None = None) -> list[dict]:
-    """The attacker fitted on its own defended public-model pairs and scored on the victim's states; with
-    ``pairs`` ({k: k deployment pairs}) a token classifier is also fine-tuned on each k (``paired``, DESIGN.md 4)."""
+            seed: int, pairs: dict[int, Taps] | None = None, common: int | None = None) -> list[dict]:
+    """The attacker fitted on its own defended public-model pairs and scored on the victim's states (and on the
+    ``common`` prefix tokens per corpus every attacker is scored on); with ``pairs`` ({k: k deployment pairs}) a
+    token classifier is also fine-tuned on each k (``paired``, DESIGN.md 4)."""
     own = attacker_view(pipe)
     hp = dict(opts)
     cls = get_attack_class(name)
     if getattr(cls, "adaptive", False):  # it is told the defense's public part
         hp["defense"] = format_items(pipe.items, public=True)
     prefixes = cls.scoring == "prefixes"  # costly per token: scored on sequence prefixes
-    target = scoring_subset(test, rows, int(hp.pop("scored_tokens", 32)), 0) if prefixes else test
+    size = int(hp.pop("scored_tokens", 32))
+    target = scoring_subset(test, rows, size, 0) if prefixes else test
     atk = make_attack(name, model=loaded, seed=seed, **hp)
     t0 = time.perf_counter()
     atk.fit(defend_taps(train, own))
     show_cloud(atk, loaded, pipe, int(test.meta["depth"]))  # permute: the cloud's own transformed weights
     vocab, prior = int(loaded.config.vocab_size), prior_from_taps(train)
     m = score(atk.invert(target, k=5), target, vocab_size=vocab, prior=prior)
+    on = m if common is None or (prefixes and size == common) else \
+        score(atk.invert(both := scoring_subset(test, rows, common, 0), k=5), both, vocab_size=vocab, prior=prior)
     out = [{"attack": name, "threat_model": _threat(name, pipe), "metrics": m, "seconds": time.perf_counter() - t0,
-            "test_tokens": target.n_tokens}]
+            "test_tokens": target.n_tokens, "common_top1": on["token_acc_top1"]}]
     if pairs and hasattr(atk, "fine_tune"):
         public = {k: v.clone() for k, v in atk.module.state_dict().items()}
         for k, known in sorted(pairs.items()):
@@ -178,7 +195,8 @@ def _cost(loaded, depth: int, tail: int, pipe: DefensePipeline, cfg: dict, refer
     comb = [sm.generate(p, tokens, chat=True, decoding="combined", decoding_options=opts) for p in prompts]
     steps = [s for r in comb for s in r.steps[1:]]
     model = fit([s for r in comb for s in r.steps], 0.0, None).project(80.0, 100.0)
-    return {"greedy_identity": float(np.mean(share)), "bytes_per_step": float(np.mean(bytes_step)),
+    return {"greedy_identity": float(np.mean(share)), "greedy_prompts": len(prompts),
+            "bytes_per_step": float(np.mean(bytes_step)),
             "tau_combined": sum(len(r.token_ids) for r in comb) / max(1, sum(len(r.steps) for r in comb)),
             "modelled_tok_s_80ms": model.tok_s(steps)}
 
@@ -211,9 +229,8 @@ def _record(results: dict, run: str, row: dict) -> None:
     best = row["best"]["metrics"]["token_acc_top1"]
     add_metric(results, run, "recovery_top1", metric(best["value"], best["ci_low"], best["ci_high"], best["n"],
                                                      False, kind="accuracy"))
-    for key, better in (("next_token_agreement", True), ("greedy_identity", True)):
-        add_metric(results, run, key, metric(row[key], n=row.get("positions"), higher_is_better=better,
-                                             kind="accuracy"))
+    for key, n in (("next_token_agreement", "positions"), ("greedy_identity", "greedy_prompts")):
+        add_metric(results, run, key, metric(row[key], n=row.get(n), higher_is_better=True, kind="accuracy"))
     for key, better in (("perplexity", False), ("bytes_per_step", False), ("tau_combined", True),
                         ("modelled_tok_s_80ms", True)):
         add_metric(results, run, key, metric(row[key], higher_is_better=better, kind="info"))
@@ -274,8 +291,8 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
         test = defend_taps(test, pipe)
         pairs = _deployment_pairs(loaded, cfg, pipe, a, ks) if pipe.model_items and ks else None
         tried = [x for n in attackers for x in _attack(loaded, n, options.get(n, {}), pipe, train[a], test, rows[a],
-                                                       seed, pairs)]
-        best = max((x for x in tried if "k" not in x), key=lambda r: r["metrics"]["token_acc_top1"]["value"])
+                                                       seed, pairs, _common_tokens(attackers, options))]
+        best = _best(tried)
         row = {"job": j, "depth": a, "defense": public_label(pipe),
                "family": pipe.items[0].name if pipe.items else "none",
                "strength": {d.name: d.strength_value() for d in pipe.items}, "describe": pipe.describe(),
@@ -302,7 +319,7 @@ def _summary(row: dict) -> dict:
         keep = {k: m[k] for k in ("template_token_acc_top1", "lift_token_acc_top1", "baseline_uniform_top1",
                                   "baseline_unigram_top1", "baseline_position_top1") if k in m}
         return {"attack": x["attack"], "threat_model": x["threat_model"], "top1": m["token_acc_top1"], **keep,
-                **{k: x[k] for k in ("k", "pairs_used", "kept_public") if k in x},
+                **{k: x[k] for k in ("k", "pairs_used", "kept_public", "common_top1") if k in x},
                 **({"seconds": x["seconds"], "test_tokens": x["test_tokens"]} if "seconds" in x else {})}
 
     return {**{k: v for k, v in row.items() if k not in ("attackers", "best")},
@@ -314,10 +331,12 @@ def _pct(x) -> str:
 
 
 def _baseline_lines(rows: list[dict]) -> list[str]:
-    """Per depth, the activation-free baselines (user text) of the undefended row's widest-scored attacker."""
+    """Per depth, the activation-free baselines (user text) of the widest-scored attacker of the undefended row,
+    or of any row at that depth when the run (a shard) has none: they depend on the scored tokens only."""
     out = []
     for a in sorted({r["depth"] for r in rows}):
-        tried = [x for r in rows if r["depth"] == a and r["defense"] == "none" for x in r["attackers"]
+        at = [r for r in rows if r["depth"] == a]
+        tried = [x for r in ([r for r in at if r["defense"] == "none"] or at) for x in r["attackers"]
                  if "baseline_uniform_top1" in x]
         if tried:
             x = max(tried, key=lambda x: x["top1"]["n"])
@@ -336,7 +355,8 @@ def defenses_section(data: dict, out) -> list[str]:
              "documents); attackers know the mechanism and its public parameters, not its draws or secret weights. "
              "Utility against the undefended model; cost measured under the defense (tok/s modelled at 80 ms, "
              "100 Mbit/s). vocab-match-adaptive is scored on sequence prefixes of the test documents, learned "
-             "attackers on every test token (n = user-text tokens scored).", "", SCOPE, "",
+             "attackers on every test token (n = user-text tokens scored); the best attacker is the one with the "
+             "highest top-1 on the prefixes every attacker is scored on.", "", SCOPE, "",
              "| depth | defense | best attacker (threat model) | recovery top-1 [CI] | lift over strongest baseline | "
              "template top-1 | next-token agreement | perplexity (undefended) | greedy identity | bytes/step | "
              "tau combined | tok/s @80 ms |",

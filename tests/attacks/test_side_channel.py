@@ -57,3 +57,25 @@ def test_bad_labels_and_feature_sets_are_errors():
         cross_validated(feats, [1, 1, 1, 1])
     with pytest.raises(ValueError, match="choose one of lengths, speculation, all"):
         cross_validated(feats, [0, 1, 0, 1], feature_set="timing")
+
+
+def test_the_interval_resamples_groups_not_sessions():
+    """Each paragraph asked two ways is one group: its two sessions are not two independent cases, so the
+    bootstrap draws groups (a per-session interval of duplicated sessions is too narrow)."""
+    from attacks.metrics.intervals import interval
+
+    rng = np.random.default_rng(1)
+    feats, labels, groups = [], [], []
+    for i in range(30):
+        noisy = session_features(_frames(int(rng.integers(40, 60)), list(rng.integers(1, 3, 12)), tree=4))
+        for copy in (0, 1):  # the same metadata under both labels: a share of them is predicted wrong
+            feats.append(noisy if i % 3 == 0 else session_features(
+                _frames(40, [3] * 10 if copy else [1] * 12, tree=4)))
+            labels.append(copy)
+            groups.append(f"p{i}")
+    r = cross_validated(feats, labels, groups, feature_set="speculation")
+    right = np.array(r["correct"], dtype=np.float64)
+    assert r["groups"] == 30 and r["n"] == 60 and 0.0 < r["accuracy"] < 1.0
+    per_group = right.reshape(30, 2).sum(1)
+    assert (r["ci_low"], r["ci_high"]) == interval(per_group, np.full(30, 2.0), binary=True)[1:]
+    assert (r["ci_low"], r["ci_high"]) != interval(right, np.ones(60), binary=True)[1:]

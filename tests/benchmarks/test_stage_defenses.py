@@ -90,6 +90,9 @@ def test_lora_private_is_shadow_and_paired_attackers_report_k(cfg: dict, tmp_pat
     assert by[("linear-probe+paired", 40)]["threat_model"] == "paired (k=40), adaptive"
     assert 0 < by[("linear-probe+paired", 40)]["pairs_used"] <= 40
     assert private["best"]["attack"] in ("vocab-match-adaptive", "linear-probe")  # best: without deployment pairs
+    vm, lp = by[("vocab-match-adaptive", None)], by[("linear-probe", None)]
+    assert lp["top1"]["n"] > vm["top1"]["n"] == lp["common_top1"]["n"] == vm["common_top1"]["n"]  # one scope
+    assert private["best"]["common_top1"]["value"] == max(vm["common_top1"]["value"], lp["common_top1"]["value"])
     assert "defenses/head:2/lora-private(rank=2,steps=3)/linear-probe+paired/k=40" in results["results"]
     text = "\n".join(answers_section(out))
     assert "(e) " in text and "paired (known-plaintext pairs from the deployment): linear-probe k=0" in text
@@ -126,3 +129,54 @@ def test_permute_row_keeps_utility_and_the_cloud_undoes_it_with_its_weights(cfg:
     (f,) = [line for line in answers_section(out) if line.startswith("- (f)")]
     assert "No: the cloud solves for the secret basis" in f
     assert "vocab-match-adaptive (white-box (exact), adaptive) 100.0%" in f
+
+
+def _m(value: float, lo: float | None, hi: float | None, n: int) -> dict:
+    return {"value": value, "ci_low": lo, "ci_high": hi, "n": n, "higher_is_better": True, "kind": "accuracy"}
+
+
+def _row(depth: int, defense: str, family: str, top1: dict, **extra) -> dict:
+    """A hand-made grid row as the stage's ``_summary`` returns it (one linear-probe attacker)."""
+    best = {"attack": "linear-probe", "threat_model": "shadow, adaptive", "top1": top1,
+            "baseline_uniform_top1": _m(0.0001, None, None, top1["n"]),
+            "baseline_unigram_top1": _m(0.05, 0.03, 0.07, top1["n"]),
+            "baseline_position_top1": _m(0.03, 0.01, 0.05, top1["n"])}
+    return {"job": 0, "depth": depth, "defense": defense, "family": family, "strength": {}, "describe": [defense],
+            "attackers": [best], "best": best, "next_token_agreement": 0.9, "perplexity": 30.0,
+            "perplexity_undefended": 29.0, "positions": 100, "greedy_identity": 0.5, "bytes_per_step": 2672.0,
+            "tau_combined": 1.1, "modelled_tok_s_80ms": 8.0, **extra}
+
+
+def test_baselines_are_reported_beside_a_table_without_an_undefended_row(tmp_path: Path) -> None:
+    """A shard of the full grid holds one defended row and no ``none`` row: its baselines still go beside it
+    (DESIGN.md section 5: always reported; they depend on the scored tokens, not on the defense)."""
+    row = _row(8, "lora-private(rank=8,steps=50)", "lora-private", _m(0.79, 0.76, 0.82, 3186))
+    text = "\n".join(defenses_section({"rows": [row]}, tmp_path))
+    assert "Baselines beside the table" in text and "unigram 5.0 [3.0, 7.0]" in text
+
+
+def test_the_best_attacker_is_chosen_on_the_tokens_every_attacker_is_scored_on() -> None:
+    """vocab-match on 16 prefix tokens against a probe on 358 tokens: the probe's higher all-token top-1 does not
+    make it the stronger attacker when it recovers less of the prefixes both are scored on (paired rows aside)."""
+    from benchmarks.stage_defenses import _best
+
+    vm = {"attack": "vocab-match-adaptive", "metrics": {"token_acc_top1": _m(0.5, 0.25, 0.75, 16)},
+          "common_top1": _m(0.5, 0.25, 0.75, 16)}
+    lp = {"attack": "linear-probe", "metrics": {"token_acc_top1": _m(0.6, 0.55, 0.65, 358)},
+          "common_top1": _m(0.375, 0.125, 0.625, 16)}
+    paired = {"attack": "linear-probe+paired", "k": 100, "metrics": {"token_acc_top1": _m(0.9, 0.8, 1.0, 16)}}
+    assert _best([lp, vm, paired])["attack"] == "vocab-match-adaptive"
+
+
+def test_greedy_identity_counts_the_prompts_it_is_measured_on() -> None:
+    """Greedy identity is a mean over the suite's prompts; its n is theirs, not the utility's teacher-forced
+    positions (next-token agreement's n)."""
+    from benchmarks.stage_defenses import _record
+
+    best = {"attack": "linear-probe", "metrics": {"token_acc_top1": _m(0.5, 0.4, 0.6, 300)}}
+    row = {**_row(2, "none", "none", _m(0.5, 0.4, 0.6, 300)), "best": best, "attackers": [best],
+           "greedy_prompts": 2}
+    results = {"results": {}}
+    _record(results, "defenses/head:2/none", row)
+    run = results["results"]["defenses/head:2/none"]
+    assert run["greedy_identity"]["n"] == 2 and run["next_token_agreement"]["n"] == 100

@@ -1,0 +1,21 @@
+"""benchmarks.defenses_answers on hand-made rows: each answer follows from the rows it prints."""
+
+from benchmarks.defenses_answers import answer_b
+
+
+def _split(depths: list[int], hits: int, sessions: int) -> dict:
+    return {"defense": f"random-split(depths={','.join(map(str, depths))})", "threat_model": "t",
+            "sequence_acc": hits / sessions, "sequences": sessions, "token_acc": hits / sessions,
+            "chance": 1 / len(depths)}
+
+
+def test_depth_identification_over_two_depths_can_be_a_yes() -> None:
+    """Two depths: chance is 50%, so 'more than twice chance' could never be met, even at 20 of 20 sessions."""
+    assert answer_b([_split([1, 4], 20, 20)]).startswith("`random-split(depths=1,4)` (t): yes")
+
+
+def test_depth_identification_yes_needs_more_than_chance_with_its_interval() -> None:
+    assert ": yes" in answer_b([_split([2, 4, 8], 20, 20)])
+    assert "not reliably" in answer_b([_split([2, 4, 8], 8, 20)])  # 40% [19, 64]: chance 33% inside
+    assert "not reliably" in answer_b([_split([1, 4], 3, 4)])  # 75% of 4 sessions [19, 99]
+    assert "95% CI [83.2, 100.0]" in answer_b([_split([2, 4, 8], 20, 20)])
