@@ -4,7 +4,8 @@ Each shard directory holds the ``results.json`` of ``bench run --shard I/N``
 (:mod:`benchmarks.shard`) and its per-token predictions. The shards must be
 one run: the same suite, config (model and its sha256, seed, stage tables; the
 torch thread count may differ),
-commit and schema, shard count N, and every index 0..N-1 exactly once;
+code (the same commit, or commits with the same ``code_digest``: they differ in
+reports, docs or tests only; the merge lists them as ``git_hashes``) and schema, shard count N, and every index 0..N-1 exactly once;
 anything else is a one-line error naming the difference. The merged document
 is what one unsharded run writes (the same runs and metrics; rows of the grid
 stages in job order), with ``merged_shards`` recorded; the stage times are the
@@ -57,10 +58,14 @@ def check_shards(docs: list[tuple[Path, dict]], partial: bool = False) -> tuple[
             raise SchemaError(f"{path} is not a shard (no 'shard' key): make shards with bench run --shard I/N")
     (p0, d0) = docs[0]
     for path, d in docs[1:]:
-        for key in ("suite", "git_hash", "schema_version"):
+        for key in ("suite", "schema_version"):
             if d[key] != d0[key]:
                 raise SchemaError(f"{path}: {key} {d[key]!r} differs from {d0[key]!r} in {p0}; merge the shards "
                                   "of one run (same suite, commit and seed)")
+        if d["git_hash"] != d0["git_hash"] and (d.get("code_digest") is None or
+                                                d.get("code_digest") != d0.get("code_digest")):
+            raise SchemaError(f"{path}: git_hash {d['git_hash']!r} differs from {d0['git_hash']!r} in {p0} and so "
+                              "does the code (code_digest); merge the shards of one run (same code, suite and seed)")
         diff = _why_differ({k: v for k, v in d0["config"].items() if k not in _PER_MACHINE},
                            {k: v for k, v in d["config"].items() if k not in _PER_MACHINE}, "config")
         if diff:
@@ -136,6 +141,9 @@ def merge_results(docs: list[tuple[Path, dict]], partial: bool = False) -> dict:
         merged["missing_shards"] = missing
         merged["schema_minor"] = max(int(merged.get("schema_minor") or 0), SCHEMA_MINOR)
     merged["merged_by"] = dict(zip(("git_hash", "git_dirty"), git_state()))  # the checkout that ran the merge
+    commits = sorted({d["git_hash"] for _, d in docs})
+    if len(commits) > 1:  # one code_digest: commits that differ outside the code only
+        merged["git_hashes"] = commits
     merged["results"] = _merge_metrics(docs)
     datas = [d.get("data", {}) for _, d in docs]
     data: dict = {}

@@ -32,7 +32,10 @@ A shard of a run (``bench run --shard I/N``) carries ``"shard": {"index": I,
 "count": N}``; a document merged from N shards (``bench merge``) carries
 ``"merged_shards": N`` and ``"merged_by"`` (the git hash and dirty flag of the
 checkout that merged them), and, when merged with ``--partial``,
-``"missing_shards"``: the indices not merged.
+``"missing_shards"``: the indices not merged. ``"code_digest"`` (sha256 of the
+code's ``.py`` files, :func:`code_digest`) lets shards of one run come from
+commits that differ only outside the code; a merge of such shards lists them
+in ``"git_hashes"``.
 
 Extra top-level keys are allowed (forward compatible); metric entries may only
 hold the keys above plus an optional ``unit`` string.
@@ -54,6 +57,7 @@ Versioning (the rule every issue that adds to the results follows; also in docs/
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import json
 import logging
@@ -84,7 +88,7 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1  # major: bumped when a key, run or metric is renamed or removed (migration in regress)
-SCHEMA_MINOR = 3  # bumped when keys, runs or metrics are added (2: shard, merged_shards; 3: missing_shards, merged_by)
+SCHEMA_MINOR = 3  # bumped when keys, runs or metrics are added (3: missing_shards, merged_by, code_digest)
 KINDS = ("exact", "accuracy", "efficiency", "info")
 _VERSIONED_PACKAGES = ("torch", "transformers", "numpy", "splitinfer")
 _METRIC_REQUIRED = ("value", "ci_low", "ci_high", "n", "higher_is_better", "kind")
@@ -223,6 +227,22 @@ def git_state(repo_dir: str | os.PathLike[str] | None = None) -> tuple[str, bool
     return (head.strip() if head else "unknown"), (None if status is None else bool(status.strip()))
 
 
+CODE_PACKAGES = ("splitinfer", "attacks", "benchmarks")  # the code a result depends on (code_digest)
+
+
+def code_digest(repo_dir: str | os.PathLike[str] | None = None) -> str:
+    """sha256 over every ``.py`` file of :data:`CODE_PACKAGES` (relative path and bytes, in path order).
+
+    Two commits that differ only in reports, docs, tests or suite files have the same digest, so shards run from
+    either are shards of one run (``bench merge``); any change to the code changes it.
+    """
+    root = Path(repo_dir) if repo_dir is not None else _REPO_DIR
+    h = hashlib.sha256()
+    for f in sorted(p for pkg in CODE_PACKAGES for p in (root / pkg).rglob("*.py")):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 def package_versions() -> dict[str, str | None]:
     """Versions of python and the packages results depend on; None if not installed."""
     versions: dict[str, str | None] = {"python": platform.python_version()}
@@ -266,6 +286,7 @@ def new_results(
         "config": config,
         "git_hash": git_hash,
         "git_dirty": dirty,
+        "code_digest": code_digest(repo_dir),
         "versions": package_versions(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "results": {},

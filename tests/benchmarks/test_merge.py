@@ -126,7 +126,8 @@ def test_mismatched_or_incomplete_shards_are_refused(runs: dict) -> None:
         ([docs[0], docs[0]], "shard 0/2 given twice"),
         ([docs[0], (runs["whole"], schema.load(runs["whole"]))], "is not a shard"),
         (changed(1, lambda d: d.update(suite="other")), "suite 'other' differs"),
-        (changed(1, lambda d: d.update(git_hash="0" * 40)), "git_hash .* differs"),
+        (changed(1, lambda d: d.update(git_hash="0" * 40, code_digest="f" * 64)), "git_hash .* so does the code"),
+        (changed(1, lambda d: (d.update(git_hash="0" * 40), d.pop("code_digest"))), "git_hash .* so does the code"),
         (changed(1, lambda d: d["config"].update(seed=1)), r"config\.seed differs"),
         (changed(1, lambda d: d["shard"].update(count=3)), "different counts"),
         ([], "at least one shard"),
@@ -159,3 +160,23 @@ def test_a_partial_merge_needs_partial_and_shard_0_and_says_what_is_missing(runs
     path = merge_dirs(tmp_path / "partial", [runs[0].parent], partial=True)
     header = (path.parent / "report.md").read_text().split("## Summary")[0]
     assert "partial merge" in header and "shards 1 of 2 not run yet" in header
+
+
+def test_shards_of_commits_that_differ_outside_the_code_merge(runs: dict) -> None:
+    docs = [(runs[i], schema.load(runs[i])) for i in range(2)]
+    docs[1][1]["git_hash"] = "0" * 40  # e.g. a commit that only added a report: the same code_digest
+    merged = merge_results(docs)
+    assert merged["git_hashes"] == sorted({"0" * 40, docs[0][1]["git_hash"]})
+    assert "git_hashes" not in merge_results([(runs[i], schema.load(runs[i])) for i in range(2)])
+
+
+def test_code_digest_follows_the_code_only(tmp_path: Path) -> None:
+    for pkg in schema.CODE_PACKAGES:
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "m.py").write_text("x = 1\n")
+    before = schema.code_digest(tmp_path)
+    (tmp_path / "README.md").write_text("docs\n")
+    (tmp_path / "benchmarks" / "suite.toml").write_text("a = 1\n")
+    assert schema.code_digest(tmp_path) == before
+    (tmp_path / "attacks" / "m.py").write_text("x = 2\n")
+    assert schema.code_digest(tmp_path) != before
