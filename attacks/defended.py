@@ -60,6 +60,18 @@ def victim_model(loaded, pipeline: DefensePipeline, depth: int):
     return dataclasses.replace(loaded, model=model, sha256=tag)
 
 
+def threat_label(recipe_label: str, pipeline: DefensePipeline, adaptive: bool) -> str:
+    """The result's attacker knowledge (DESIGN.md section 4) against a victim under ``pipeline``.
+
+    ``shadow`` for a public-weights (``white-box``) attacker when the victim's local layers were changed
+    privately (lora-random, lora-private); ``, adaptive`` when the victim is defended and the attacker knew the
+    mechanism (trained on its own defended pairs, or an adaptive recipe).
+    """
+    private = any(hasattr(d, "apply_head") for d in pipeline.model_items)
+    base = "shadow" if private and recipe_label.startswith("white-box") else recipe_label
+    return f"{base}, adaptive" if adaptive and not pipeline.is_none else base
+
+
 def as_public(taps: Taps, public) -> Taps:
     """Victim taps presented to attackers holding the public model: they carry its sha256 (and the victim's apart).
 

@@ -111,7 +111,7 @@ def cmd_eval(args) -> int:
     from attacks.evaluate import collect, flat_report, prior_tokens
     from attacks.metrics.baselines import prior_from_json
     from attacks.predictions import write_predictions
-    from attacks.defended import as_public, defend_taps, show_cloud, victim_model
+    from attacks.defended import as_public, defend_taps, show_cloud, threat_label, victim_model
     from attacks.registry import load_attack
     from attacks.tapdata import as_taps
     from splitinfer.defenses.cli_args import DefenseFlags
@@ -142,7 +142,9 @@ def cmd_eval(args) -> int:
                            progress=not args.json)
     taps = defend_taps(as_public(as_taps(sets), loaded), defense)
     show_cloud(attack, loaded, defense, b.depth(loaded.num_layers))  # permute: the cloud's transformed weights
-    extra = {"defense": defense.label, "attack": attack.name, "threat_model": attack.threat_model,
+    adaptive = bool(getattr(attack, "adaptive", False)) or meta.get("defense", "none") != "none"
+    extra = {"defense": defense.label, "attack": attack.name,
+             "threat_model": threat_label(attack.threat_model, defense, adaptive),
              "boundary": str(b), "model": loaded.spec,
              "model_sha256": loaded.sha256, "corpus": corpora, "split": split, "attacker": str(args.attacker)}
     if isinstance(attack, DepthIdentifier):

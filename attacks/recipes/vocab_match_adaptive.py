@@ -18,6 +18,8 @@ and replaces the distance:
 - ``quant``: dequantise-then-match: candidates are put through the same
   quantiser (on the fp16 wire values) before the elementwise-relative distance,
   so the true token matches to float rounding and the early acceptance holds.
+  Composed with ``permute`` the victim quantised ``h Q``, so candidates are
+  rotated by the recovered Q, quantised, and turned back like the observations.
 
 - ``permute`` (a secret orthogonal basis Q with transformed body weights, see
   :mod:`splitinfer.defenses.permute`): the attacker is the cloud, so it holds
@@ -116,5 +118,11 @@ class AdaptiveVocabMatch(VocabMatch):
             if self.noise.sigma > 0:
                 return (h - obs).pow(2).mean(-1) / (self.noise.sigma * self.noise.clip) ** 2
         if self.defense.codec is not None:
-            h = self.defense.codec.roundtrip(h.to(torch.float16))
+            h = h.to(torch.float16)  # (B, d) on the fp16 wire
+            if self.basis is not None:  # the codec ran on h Q: quantise in Q's basis, then turn back like obs
+                q = self.basis.to(h.device)
+                rot = self.defense.codec.roundtrip((h.double() @ q).to(torch.float16))  # (B, d)
+                h = (rot.double() @ q.T).float()
+            else:
+                h = self.defense.codec.roundtrip(h)
         return match_distance(h, obs)

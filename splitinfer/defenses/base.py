@@ -159,7 +159,10 @@ def _coerce(cls: type[Defense], key: str, value: Any) -> Any:
             return value
         if isinstance(default, tuple):
             items = value.split(",") if isinstance(value, str) else [value]
-            return tuple(int(parse_option_value(str(v).strip())) for v in items if str(v).strip())
+            parsed = [parse_option_value(str(v).strip()) for v in items if str(v).strip()]
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in parsed):
+                raise ValueError  # 2.5 would silently become 2
+            return tuple(parsed)
         if isinstance(default, float):
             if isinstance(value, bool):
                 raise ValueError

@@ -15,6 +15,7 @@ public weights only is ``shadow`` (DESIGN.md section 4).
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -102,6 +103,8 @@ class LoraRandom(HeadLora):
     def validate(self) -> None:
         if self.rank < 1:
             raise DefenseError(f"lora-random: rank={self.rank} must be >= 1; e.g. --defense-option lora-random.rank=8")
+        if math.isinf(self.scale):
+            raise DefenseError(f"lora-random: scale={self.scale} must be finite and >= 0; e.g. lora-random.scale=0.1")
         if not self.scale >= 0:
             raise DefenseError(f"lora-random: scale={self.scale} must be >= 0; e.g. lora-random.scale=0.1")
 

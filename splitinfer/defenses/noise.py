@@ -27,6 +27,7 @@ whoever sees the wire or its logs, and it costs utility.
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -75,6 +76,11 @@ class Noise(Defense):
     shown = ("clip",)
 
     def validate(self) -> None:
+        # inf would release inf/NaN states and report a finite epsilon for an infinite sensitivity
+        if math.isinf(self.sigma):
+            raise DefenseError(f"noise: sigma={self.sigma} must be finite and >= 0; e.g. noise.sigma=0.05")
+        if math.isinf(self.clip):
+            raise DefenseError(f"noise: clip={self.clip} must be finite and > 0; e.g. noise.clip=8.0")
         if not self.sigma >= 0:
             raise DefenseError(f"noise: sigma={self.sigma} must be >= 0; e.g. --defense-option noise.sigma=0.05")
         if not self.clip > 0:

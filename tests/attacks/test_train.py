@@ -114,3 +114,20 @@ def test_bad_attack_options_fail_in_one_line_before_any_extraction(tmp_path: Pat
                      "--boundary", "head:2", "--corpus", missing, "--out", str(tmp_path / "o")]) == 2
         err = capsys.readouterr().err
         assert message in err and err.strip().count("\n") == 0
+
+
+def test_eval_labels_the_attackers_knowledge_of_a_defended_victim(tmp_path: Path, corpus: str, capsys) -> None:
+    # DESIGN.md section 4: public weights against private local layers is shadow; knowing the defense, adaptive
+    out = tmp_path / "lp"
+    noise = "noise(sigma=0.05,clip=8.0)"
+    assert main(["attack", "train", "--attack", "linear-probe", "--model", "tiny-random", "--boundary", "head:2",
+                 "--corpus", corpus, "--max-tokens", "1000", "--epochs", "1", "--defense", noise,
+                 "--out", str(out), "--json"]) == 0
+    capsys.readouterr()
+    labels = {}
+    for victim in (noise, f"lora-random(rank=2,scale=0.2)+{noise}", "none"):
+        assert main(["attack", "eval", "--attacker", str(out), "--corpus", corpus, "--max-tokens", "200",
+                     "--defense", victim, "--json"]) == 0
+        labels[victim] = last_json(capsys)["threat_model"]
+    assert labels == {noise: "white-box (learned), adaptive", "none": "white-box (learned)",
+                      f"lora-random(rank=2,scale=0.2)+{noise}": "shadow, adaptive"}

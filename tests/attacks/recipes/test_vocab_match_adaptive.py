@@ -70,3 +70,16 @@ def test_the_clouds_own_weights_give_away_the_permute_basis(tiny, taps, mode):
     plain = _top1(tiny, f"permute(mode={mode},seed=3)", taps, name="vocab-match", max_candidates=256,
                   batch_sizes=[256], grad_steps=0)
     assert plain < 0.5  # matching in the wrong basis fails
+
+
+@pytest.mark.parametrize("quant", ["quant(format=int4,group=16)"])
+def test_dequantise_then_match_in_the_permuted_basis(tiny, taps, quant):
+    # the victim quantises h Q (the codec runs after the rotation): candidates must be quantised in Q's basis too
+    pipe = DefensePipeline.parse(f"permute(mode=rotation,seed=3)+{quant}")
+    test = defend_taps(taps.select_sequences(range(3)), pipe)
+    atk = make_attack("vocab-match-adaptive", model=tiny, defense=f"permute(mode=rotation)+{quant}",
+                      proposer_tokens=2000, random_tokens=512, grad_steps=0).fit(defend_taps(taps, attacker_view(pipe)))
+    show_cloud(atk, tiny, pipe, 2)
+    inv = atk.invert(test, k=1)
+    assert float((inv.tokens == test.token_ids).mean()) == 1.0
+    assert inv.info["accepted_rate"] > 0.9  # the true token matches to float rounding, as under quant alone

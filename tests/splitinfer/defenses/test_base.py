@@ -40,6 +40,11 @@ def test_public_label_drops_secrets_and_what_the_cloud_need_not_know():
     ("noise", ["quant.format=int8"], "defense 'quant' is not in --defense"),
     ("random-split", ["depths=2,2"], "repeats a depth"),
     ("lora-random", ["rank=0"], "rank=0 must be >= 1"),
+    ("noise", ["clip=inf"], "clip=inf must be finite and > 0"),  # else (989, 1e-05)-DP with sensitivity inf
+    ("noise", ["sigma=Infinity"], "sigma=inf must be finite and >= 0"),
+    ("lora-random", ["scale=inf"], "scale=inf must be finite and >= 0"),
+    ("random-split", ["depths=2.5,4"], "must be comma-separated integers"),  # not silently depths=2,4
+    ("random-split", ["depths=4.9"], "must be comma-separated integers"),
 ])
 def test_bad_specs_give_one_line_errors(spec, options, needle):
     with pytest.raises(DefenseError) as e:
