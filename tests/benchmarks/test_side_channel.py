@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from attacks.side_channel import session_features
-from benchmarks.side_channel import CloudView, main, run_task, task_sessions
+from benchmarks.side_channel import FIXED_COSTS, CloudView, main, run_task, task_sessions
 from benchmarks.schema import load
 from splitinfer.client import SplitModel
 
@@ -16,7 +16,7 @@ def test_the_clouds_frames_give_each_steps_commits(tiny):
     sm = SplitModel(tiny, "2,1")
     view = CloudView(sm.link.service)
     view.take()
-    res = sm.generate(PROMPT, 48, decoding="combined")
+    res = sm.generate(PROMPT, 48, decoding="combined", decoding_options=FIXED_COSTS)  # tree sizes: not timing
     frames = view.take()
     assert len(frames) == len(res.steps) and len(frames[0]["positions"]) == len(sm.encode_prompt(PROMPT))
     assert [len(f["positions"]) for f in frames] == [s.tokens_sent for s in res.steps]
