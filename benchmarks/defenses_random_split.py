@@ -33,7 +33,8 @@ from attacks.registry import make_attack
 from attacks.tapdata import Taps
 from splitinfer.defenses import DefensePipeline
 
-THREAT = "states only, adaptive (knows the depth set)"
+THREAT = "white-box (learned), adaptive"  # DESIGN.md 4: trained on public-weight states; knows the depth set only
+OBSERVER = "sees the states only: no session metadata, so not the session's depth"
 RECOVERY_THREAT = "white-box (learned), adaptive (depth-id, then the probe of the depth it names)"
 
 
@@ -88,5 +89,5 @@ def random_split_row(loaded, spec: str, train: dict[int, Taps], test: dict[int, 
     return {"defense": pipe.label, "depths": list(rs.depths), "sequences": n_seq,
             "drawn": {int(d): int((drawn == d).sum()) for d in rs.depths},
             "sequence_acc": hits / max(1, n_seq), "token_acc": tok_hits / max(1, toks),
-            "chance": 1.0 / len(rs.depths), "threat_model": THREAT,
+            "chance": 1.0 / len(rs.depths), "threat_model": THREAT, "observer": OBSERVER,
             "end_to_end_top1": end_to_end, "known_depth_top1": ceiling, "recovery_threat_model": RECOVERY_THREAT}

@@ -108,6 +108,14 @@ def _threat(name: str, pipe: DefensePipeline) -> str:
     return base if pipe.is_none else f"{base}, adaptive"
 
 
+def paired_label(base: str, k: int) -> str:
+    """DESIGN.md 4: a paired attacker *also* holds k deployment pairs: ``shadow, adaptive`` -> ``shadow, paired
+    (k=100), adaptive``."""
+    parts = base.split(", ")
+    at = parts.index("adaptive") if "adaptive" in parts else len(parts)
+    return ", ".join(parts[:at] + [f"paired (k={k})"] + parts[at:])
+
+
 def _common_tokens(attackers: list[str], options: dict) -> int | None:
     """The prefix size every attacker is also scored on (the first prefix-scored attacker's), None if none is."""
     first = next((n for n in attackers if get_attack_class(n).scoring == "prefixes"), None)
@@ -151,7 +159,7 @@ def _attack(loaded, name: str, opts: dict, pipe: DefensePipeline, train: Taps, t
             m = m if not k else score(atk.invert(target, k=5), target, vocab_size=vocab, prior=prior)
             kept = bool(k) and bool(atk.fit_report.get("paired_kept_public"))  # validation kept the public fit
             out.append({"attack": f"{name}+paired", "k": k, "pairs_used": used, "kept_public": kept, "metrics": m,
-                        "threat_model": f"paired (k={k}), adaptive" if k else out[0]["threat_model"],
+                        "threat_model": paired_label(out[0]["threat_model"], k) if k else out[0]["threat_model"],
                         "seconds": time.perf_counter() - t1, "test_tokens": target.n_tokens})
     return out
 

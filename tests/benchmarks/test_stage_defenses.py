@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,12 @@ def cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
             "attackers": ["vocab-match-adaptive"], "overhead": ["quant(format=int8)"],
             "options": {"vocab-match-adaptive": {"scored_tokens": 16, "random_tokens": 128, "max_candidates": 64,
                                                  "batch_sizes": [64]}}}
+
+
+def is_design_label(label: str) -> bool:
+    """A threat-model label made of DESIGN.md section 4's words only."""
+    words = {"white-box (exact)", "white-box (learned)", "shadow", "adaptive"}
+    return all(p in words or re.fullmatch(r"paired \(k=\d+\)", p) for p in label.split(", "))
 
 
 def test_stage_grid(cfg: dict, tmp_path: Path) -> None:
@@ -51,6 +58,9 @@ def test_stage_grid(cfg: dict, tmp_path: Path) -> None:
     if rs["sequence_acc"] == 1.0:  # every session named right: the same probe inverts it
         assert e2e["value"] == known["value"]
     assert {"end_to_end_top1", "known_depth_top1"} <= set(results["results"]["defenses/random-split(depths=1,4)"])
+    labels = [x["threat_model"] for r in out["rows"] for x in r["attackers"]] + \
+        [rs["threat_model"], rs["recovery_threat_model"].split(" (depth-id")[0]]
+    assert all(is_design_label(t) for t in labels), labels  # DESIGN.md 4's words only
     lines = defenses_section(out, tmp_path)
     assert any("DP per released vector" in line for line in lines)
     assert any(line.startswith("End to end (white-box (learned), adaptive") for line in lines)
@@ -87,7 +97,7 @@ def test_lora_private_is_shadow_and_paired_attackers_report_k(cfg: dict, tmp_pat
     assert by[("vocab-match-adaptive", None)]["threat_model"] == "shadow, adaptive"
     assert by[("linear-probe", None)]["threat_model"] == "shadow, adaptive"
     assert by[("linear-probe+paired", 0)]["top1"] == by[("linear-probe", None)]["top1"]  # k = 0: no fine-tuning
-    assert by[("linear-probe+paired", 40)]["threat_model"] == "paired (k=40), adaptive"
+    assert by[("linear-probe+paired", 40)]["threat_model"] == "shadow, paired (k=40), adaptive"  # also holds pairs
     assert 0 < by[("linear-probe+paired", 40)]["pairs_used"] <= 40
     assert private["best"]["attack"] in ("vocab-match-adaptive", "linear-probe")  # best: without deployment pairs
     vm, lp = by[("vocab-match-adaptive", None)], by[("linear-probe", None)]
@@ -180,3 +190,10 @@ def test_greedy_identity_counts_the_prompts_it_is_measured_on() -> None:
     _record(results, "defenses/head:2/none", row)
     run = results["results"]["defenses/head:2/none"]
     assert run["greedy_identity"]["n"] == 2 and run["next_token_agreement"]["n"] == 100
+
+
+def test_a_paired_label_keeps_what_the_attacker_knows_besides_the_pairs():
+    from benchmarks.stage_defenses import paired_label
+
+    assert paired_label("shadow, adaptive", 100) == "shadow, paired (k=100), adaptive"
+    assert paired_label("white-box (learned)", 10) == "white-box (learned), paired (k=10)"
