@@ -249,7 +249,9 @@ class TokenClassifier(InversionAttack):
         x = self._prepare(fit_part)  # (k', d)
         y = torch.from_numpy(self._map(self._targets(fit_part)))  # (k', H)
         rows = torch.from_numpy(np.flatnonzero((y != IGNORE).any(dim=1).numpy()))
-        if len(rows) == 0:
+        if len(rows) == 0:  # nothing to learn from: the public fit stands, and the report says so for this k
+            self.fit_report.update(paired_pairs=0, paired_val_pairs=0, paired_val_top1_public=None,
+                                   paired_val_top1_tuned=None, paired_kept_public=False)
             return 0
         val_fn = self._val_top1(pairs.select_tokens(range(pairs.n_tokens - n_val, pairs.n_tokens))) if n_val else None
         public = {k: v.detach().clone() for k, v in self.module.state_dict().items()}

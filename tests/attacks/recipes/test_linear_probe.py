@@ -91,3 +91,20 @@ def test_paired_fine_tune_learns_a_changed_victim() -> None:
     attack.fine_tune(_victim(make_taps(seed=4, n_seqs=60, first_doc=300), 3))
     assert not attack.fit_report["paired_kept_public"]
     assert accuracy(attack.invert(test), test) > shadow + 0.05
+
+
+def test_paired_fine_tune_on_no_usable_pair_does_not_report_the_previous_ks_choice() -> None:
+    """Regression: fine_tune returned 0 (no pair inside the classifier's vocabulary) without touching fit_report,
+    so a row kept the previous k's ``paired_kept_public``."""
+    import dataclasses
+
+    train = make_taps(seed=0)
+    attack = make_attack("linear-probe", epochs=10, batch_size=32, lr=0.01, backoff="none").fit(train)
+    pairs = make_taps(seed=5, n_seqs=10, first_doc=300)
+    rng = np.random.default_rng(1)
+    ids, wrong = pairs.token_ids.copy(), rng.random(pairs.n_tokens) < 0.3  # noisy pairs: the public fit is kept
+    ids[wrong] = rng.integers(0, 40, int(wrong.sum()))
+    assert attack.fine_tune(dataclasses.replace(pairs, token_ids=ids)) > 0 and attack.fit_report["paired_kept_public"]
+    unseen = dataclasses.replace(pairs, token_ids=np.full_like(pairs.token_ids, 10_000))  # outside the vocabulary
+    assert attack.fine_tune(unseen) == 0
+    assert attack.fit_report["paired_kept_public"] is False and attack.fit_report["paired_pairs"] == 0
