@@ -24,7 +24,7 @@ import copy
 import statistics
 from pathlib import Path
 
-from benchmarks.schema import SchemaError, load, save
+from benchmarks.schema import SchemaError, load, results_path, save
 
 SAME_RUN_KEYS = ("suite", "git_hash", "git_dirty", "schema_version", "config")
 DETERMINISTIC_ABS_TOL = 1e-9  # float rounding of values written to JSON and read back
@@ -84,7 +84,7 @@ def fold(docs: list[tuple[Path, dict]]) -> dict:
 
 
 def cmd_baseline(args) -> int:
-    paths = [Path(p) / "results.json" if Path(p).is_dir() else Path(p) for p in args.results]
+    paths = [results_path(p) for p in args.results]
     path = save(fold([(p, load(p)) for p in paths]), args.out)
     print(f"baseline of {len(paths)} runs written to {path}")
     return 0

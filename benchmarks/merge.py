@@ -25,15 +25,10 @@ import copy
 import shutil
 from pathlib import Path
 
-from benchmarks.schema import SCHEMA_MINOR, SchemaError, git_state, load, save
+from benchmarks.schema import SCHEMA_MINOR, SchemaError, git_state, load, results_path, save
 from benchmarks.stages import STAGES
 
 _PER_MACHINE = ("torch_threads",)  # config keys shards on different machines may differ in
-
-
-def _shard_path(arg: str | Path) -> Path:
-    p = Path(arg)
-    return p / "results.json" if p.is_dir() else p
 
 
 def _why_differ(a: dict, b: dict, where: str) -> str | None:
@@ -166,7 +161,7 @@ def merge_dirs(out_dir: str | Path, shard_dirs: list[str | Path], partial: bool 
     """Merge the shards under ``shard_dirs`` into ``out_dir``: results.json, predictions, report.md and plots."""
     from benchmarks.report import write_report
 
-    docs = [(_shard_path(s), load(_shard_path(s))) for s in shard_dirs]
+    docs = [(results_path(s), load(results_path(s))) for s in shard_dirs]
     merged = merge_results(docs, partial)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -392,6 +392,12 @@ def read_json(path: str | os.PathLike[str]) -> Any:
         raise SchemaError(f"{path}: not valid JSON ({where}: {exc.msg})") from exc
 
 
+def results_path(arg: str | os.PathLike[str]) -> Path:
+    """A results document given as its file or as the directory that holds its ``results.json``."""
+    p = Path(arg)
+    return p / "results.json" if p.is_dir() else p
+
+
 def load(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and validate a results file; SchemaError with the path for any problem."""
     results = read_json(path)
