@@ -39,15 +39,30 @@ def _versus_none(rows: list[dict], family: str) -> list[str]:
     return out
 
 
+def _below(r: dict, base: dict) -> bool:
+    """The defended row's 95% interval lies wholly below the undefended row's (both measured)."""
+    a, b = r["best"]["top1"], base["best"]["top1"]
+    return a.get("ci_high") is not None and b.get("ci_low") is not None and a["ci_high"] < b["ci_low"]
+
+
 def _lower(rows: list[dict], family: str) -> str:
-    """``yes``/``no`` (and how much) for a family, from its rows against the undefended row at the same depth."""
-    drops = [(_none(rows, r["depth"])["best"]["top1"]["value"] - r["best"]["top1"]["value"])
-             for r in rows if r["family"] == family and _none(rows, r["depth"])]
-    if not drops:
+    """``yes``/``no`` (and how much) for a family, from its rows against the undefended row at the same depth.
+
+    A drop of 5 points or more is a ``yes`` only where the two 95% intervals do not overlap; otherwise this sample
+    cannot tell it from no drop (e.g. 87.5% [75, 100] of 16 tokens against 100%), and the answer says so.
+    """
+    pairs = [(r, _none(rows, r["depth"])) for r in rows if r["family"] == family and _none(rows, r["depth"])]
+    if not pairs:
         return ""
-    worst = max(drops)
-    return ("no: recovery falls by at most " if worst < 0.05 else "yes, partly: recovery falls by up to ") + \
-        f"{100 * worst:.1f} points. "
+    drops = [(base["best"]["top1"]["value"] - r["best"]["top1"]["value"], _below(r, base)) for r, base in pairs]
+    worst = max(d for d, _ in drops)
+    if worst < 0.05:
+        return f"no: recovery falls by at most {100 * worst:.1f} points. "
+    clear = [d for d, sep in drops if sep and d >= 0.05]
+    if clear:
+        return f"yes, partly: recovery falls by up to {100 * max(clear):.1f} points outside both 95% intervals. "
+    return (f"not shown: recovery falls by up to {100 * worst:.1f} points, inside the 95% intervals of this "
+            "sample. ")
 
 
 def answer_a(rows: list[dict]) -> str:
