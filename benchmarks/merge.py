@@ -3,10 +3,10 @@
 Each shard directory holds the ``results.json`` of ``bench run --shard I/N``
 (:mod:`benchmarks.shard`) and its per-token predictions. The shards must be
 one run: the same suite, config (model and its sha256, seed, stage tables; the
-torch thread count may differ),
-code (the same commit, or commits with the same ``code_digest``: they differ in
-reports, docs or tests only; the merge lists them as ``git_hashes``) and schema, shard count N, and every index 0..N-1 exactly once;
-anything else is a one-line error naming the difference. The merged document
+torch thread count may differ), code (the same commit, or commits with the same
+``code_digest``: they differ in reports, docs or tests only; the merge lists
+them as ``git_hashes``) and schema, shard count N, and every index 0..N-1
+exactly once; anything else is a one-line error naming the difference. The merged document
 is what one unsharded run writes (the same runs and metrics; rows of the grid
 stages in job order), with ``merged_shards`` recorded; the stage times are the
 sums over the shards (processor time, not wall time when the shards ran side
