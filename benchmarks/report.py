@@ -197,8 +197,10 @@ def write_report(results: dict, out_dir: str | Path) -> Path:
              f"Model `{cfg['model']}` (sha256 `{cfg['model_sha256'][:16]}`, {cfg['num_layers']} layers, "
              f"d={cfg['hidden_size']}), seed {cfg['seed']}, git `{results['git_hash'][:12]}`"
              f"{' (dirty)' if results.get('git_dirty') else ''}, {results['date']}, "
-             f"{data.get('total_seconds', 0):.0f} s{_shards(results)}.", "", "## Summary", ""]
-    lines += summary_table(data) + [""]
+             f"{data.get('total_seconds', 0):.0f} s{_shards(results)}.", ""]
+    summary = summary_table(data)
+    if len(summary) > 2:  # a run without attacks or speed stages (e.g. defenses only) has no summary row
+        lines += ["## Summary", ""] + summary + [""]
     if "exactness" in data:
         lines += _exactness_section(data["exactness"])
     if speed:
@@ -216,7 +218,8 @@ def write_report(results: dict, out_dir: str | Path) -> Path:
 
         lines += defenses_section(data["defenses"], out)
     lines += stage_time_section(data)
-    lines += ["## Plots", ""] + [f"![{t}]({p.name})" for t, p in figs if p is not None] + [""]
+    shown = [f"![{t}]({p.name})" for t, p in figs if p is not None]
+    lines += (["## Plots", ""] + shown + [""]) if shown else []
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return path

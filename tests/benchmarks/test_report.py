@@ -35,3 +35,10 @@ def test_report_and_plots_are_written(tmp_path):
         assert (tmp_path / png).stat().st_size > 5000
         assert f"]({png})" in text
     json.dumps(res)  # the document stays serialisable
+
+
+def test_a_run_without_attacks_or_speed_has_no_empty_summary_or_plots_section(tmp_path):
+    res = fake_results()
+    res["data"] = {"stage_seconds": {"defenses": 1.0}}  # e.g. a defenses-only shard
+    text = write_report(res, tmp_path).read_text()
+    assert "## Summary" not in text and "## Plots" not in text and "| local head layers |" not in text
