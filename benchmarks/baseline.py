@@ -59,27 +59,28 @@ def fold(docs: list[tuple[Path, dict]]) -> dict:
     out = {k: copy.deepcopy(v) for k, v in d0.items() if k != "results"}
     out["baseline_runs"] = len(docs)
     out["results"] = {}
-    for run, metrics in d0["results"].items():
-        folded = out["results"][run] = {}
-        for name, m in metrics.items():
-            ms = [m]
-            for path, d in docs[1:]:
-                other = d["results"].get(run, {}).get(name)
-                if other is None:
-                    raise SchemaError(f"{path}: results[{run!r}][{name!r}] is missing; fold complete runs")
-                ms.append(other)
-            if m["kind"] == "efficiency":
-                folded[name] = _fold_efficiency(ms)
-            elif m["kind"] == "info":
-                folded[name] = copy.deepcopy(m)
-            else:
-                diff = next(((path, o) for (path, _), o in zip(docs[1:], ms[1:]) if not _same(o["value"], m["value"])),
-                            None)
-                if diff is not None:
-                    raise SchemaError(f"results[{run!r}][{name!r}] is {m['value']!r} in {p0} but {diff[1]['value']!r} "
-                                      f"in {diff[0]}: a {m['kind']} metric must not vary between runs of one commit "
-                                      "(seed it, or make it kind 'info')")
-                folded[name] = copy.deepcopy(m)
+    names = {(run, name): None for _, d in docs for run, metrics in d["results"].items() for name in metrics}
+    for run, name in names:  # every metric of any run, in first-seen order: each run must have it
+        folded = out["results"].setdefault(run, {})
+        ms = []
+        for path, d in docs:
+            other = d["results"].get(run, {}).get(name)
+            if other is None:
+                raise SchemaError(f"{path}: results[{run!r}][{name!r}] is missing; fold complete runs")
+            ms.append(other)
+        m = ms[0]
+        if m["kind"] == "efficiency":
+            folded[name] = _fold_efficiency(ms)
+        elif m["kind"] == "info":
+            folded[name] = copy.deepcopy(m)
+        else:
+            diff = next(((path, o) for (path, _), o in zip(docs[1:], ms[1:]) if not _same(o["value"], m["value"])),
+                        None)
+            if diff is not None:
+                raise SchemaError(f"results[{run!r}][{name!r}] is {m['value']!r} in {p0} but {diff[1]['value']!r} "
+                                  f"in {diff[0]}: a {m['kind']} metric must not vary between runs of one commit "
+                                  "(seed it, or make it kind 'info')")
+            folded[name] = copy.deepcopy(m)
     return out
 
 

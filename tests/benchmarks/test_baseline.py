@@ -73,3 +73,17 @@ def test_bench_baseline_cli_writes_a_valid_document(tmp_path: Path, capsys: pyte
     assert main(["bench", "baseline", str(tmp_path / "bad.json"), str(paths[0])]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "at least 2 results files" in err[0]
+
+
+def test_a_metric_or_run_missing_from_the_first_run_is_refused_too() -> None:
+    """Folding does not depend on the order of the runs: a metric (or run) only some runs have is refused
+    wherever it is missing, not silently left out of the baseline (regress never checks what it lacks)."""
+    a = _run(1.0, 0.9, 1.1)
+    d = copy.deepcopy(a)
+    del d["results"]["attacks/x"]["identical"]
+    with pytest.raises(schema.SchemaError, match=r"run-0.*identical.*missing"):
+        fold(_docs(d, a))
+    e = copy.deepcopy(a)
+    del e["results"]["speed/x"]
+    with pytest.raises(schema.SchemaError, match=r"run-0.*speed/x.*missing"):
+        fold(_docs(e, a, a))
