@@ -5,7 +5,8 @@ Each shard directory holds the ``results.json`` of ``bench run --shard I/N``
 one run: the same suite, config (model and its sha256, seed, stage tables; the
 torch thread count may differ), code (the same commit, or commits with the same
 ``code_digest``: they differ in reports, docs or tests only; the merge lists
-them as ``git_hashes``) and schema, shard count N, and every index 0..N-1
+them as ``git_hashes``; a differing digest is refused even under one commit)
+and schema, shard count N, and every index 0..N-1
 exactly once; anything else is a one-line error naming the difference. The merged document
 is what one unsharded run writes (the same runs and metrics; rows of the grid
 stages in job order), with ``merged_shards`` recorded; the stage times are the
@@ -61,6 +62,10 @@ def check_shards(docs: list[tuple[Path, dict]], partial: bool = False) -> tuple[
                                                 d.get("code_digest") != d0.get("code_digest")):
             raise SchemaError(f"{path}: git_hash {d['git_hash']!r} differs from {d0['git_hash']!r} in {p0} and so "
                               "does the code (code_digest); merge the shards of one run (same code, suite and seed)")
+        if None not in (d.get("code_digest"), d0.get("code_digest")) and d["code_digest"] != d0["code_digest"]:
+            raise SchemaError(f"{path}: code_digest {d['code_digest'][:12]!r} differs from "
+                              f"{d0['code_digest'][:12]!r} in {p0} (the code changed between the shards, e.g. in a "
+                              "dirty tree); merge the shards of one run (same code, suite and seed)")
         diff = _why_differ({k: v for k, v in d0["config"].items() if k not in _PER_MACHINE},
                            {k: v for k, v in d["config"].items() if k not in _PER_MACHINE}, "config")
         if diff:

@@ -180,3 +180,14 @@ def test_code_digest_follows_the_code_only(tmp_path: Path) -> None:
     assert schema.code_digest(tmp_path) == before
     (tmp_path / "attacks" / "m.py").write_text("x = 2\n")
     assert schema.code_digest(tmp_path) != before
+
+
+def test_shards_of_one_commit_whose_code_differs_are_refused(runs: dict) -> None:
+    """Same git_hash, different code_digest: a dirty tree whose code changed between the shards (the digest is
+    what the code was), not one run."""
+    docs = [(runs[i], schema.load(runs[i])) for i in range(2)]
+    docs[1][1]["code_digest"] = "f" * 64
+    with pytest.raises(schema.SchemaError, match=r"code_digest .* differs"):
+        merge_results(docs)
+    docs[1][1].pop("code_digest")  # a shard without a digest (older code): the commit alone decides, as before
+    assert merge_results(docs)["merged_shards"] == 2
