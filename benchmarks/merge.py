@@ -137,9 +137,9 @@ def merge_results(docs: list[tuple[Path, dict]], partial: bool = False) -> dict:
     merged["git_dirty"] = True if any(d["git_dirty"] for _, d in docs) else first["git_dirty"]
     merged["date"] = max(d["date"] for _, d in docs)
     merged["merged_shards"] = n
+    merged["schema_minor"] = max(int(merged.get("schema_minor") or 0), SCHEMA_MINOR)  # merged_by: every merge
     if missing:
         merged["missing_shards"] = missing
-        merged["schema_minor"] = max(int(merged.get("schema_minor") or 0), SCHEMA_MINOR)
     merged["merged_by"] = dict(zip(("git_hash", "git_dirty"), git_state()))  # the checkout that ran the merge
     commits = sorted({d["git_hash"] for _, d in docs})
     if len(commits) > 1:  # one code_digest: commits that differ outside the code only

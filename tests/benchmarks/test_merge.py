@@ -191,3 +191,13 @@ def test_shards_of_one_commit_whose_code_differs_are_refused(runs: dict) -> None
         merge_results(docs)
     docs[1][1].pop("code_digest")  # a shard without a digest (older code): the commit alone decides, as before
     assert merge_results(docs)["merged_shards"] == 2
+
+
+def test_a_merge_of_older_shards_declares_the_minor_of_the_keys_it_adds(runs: dict) -> None:
+    """merged_by (minor 3) is written by every merge: shards written at minor 2 merge into a minor-3 document."""
+    docs = [(runs[i], schema.load(runs[i])) for i in range(2)]
+    for _, d in docs:
+        d["schema_minor"] = 2
+        d.pop("code_digest")
+    merged = merge_results(docs)
+    assert "merged_by" in merged and merged["schema_minor"] == schema.SCHEMA_MINOR
