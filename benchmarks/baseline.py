@@ -41,8 +41,9 @@ def _fold_efficiency(ms: list[dict]) -> dict:
     values = [m["value"] for m in ms]
     lows = [x for m in ms for x in (m["value"], m["ci_low"]) if x is not None]
     highs = [x for m in ms for x in (m["value"], m["ci_high"]) if x is not None]
+    counts = [m["n"] for m in ms if m["n"] is not None]
     out.update(value=statistics.median(values), ci_low=min(lows), ci_high=max(highs),
-               n=sum(int(m["n"] or 0) for m in ms))
+               n=sum(counts) if counts else None)  # no run counted its samples: unknown, not 0
     return out
 
 

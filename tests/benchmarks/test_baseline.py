@@ -87,3 +87,11 @@ def test_a_metric_or_run_missing_from_the_first_run_is_refused_too() -> None:
     del e["results"]["speed/x"]
     with pytest.raises(schema.SchemaError, match=r"run-0.*speed/x.*missing"):
         fold(_docs(e, a, a))
+
+
+def test_an_efficiency_metric_without_a_sample_count_keeps_none() -> None:
+    """bench speed --out writes efficiency with n = None: the fold must not invent n = 0 samples."""
+    runs = [_run(1.0, 0.9, 1.1), _run(0.95, 0.9, 1.0)]
+    for r in runs:
+        r["results"]["speed/x"]["efficiency"]["n"] = None
+    assert fold(_docs(*runs))["results"]["speed/x"]["efficiency"]["n"] is None
