@@ -388,7 +388,8 @@ def defenses_section(data: dict, out) -> list[str]:
     for r in data.get("random_split", []):
         lines += ["", f"Random split `{r['defense']}` ({r['threat_model']}): depth-id names the session's depth "
                       f"for {_pct(r['sequence_acc'])}% of {r['sequences']} sessions ({_pct(r['token_acc'])}% of "
-                      f"single states; chance {_pct(r['chance'])}%), sessions per depth {r['drawn']}."]
+                      f"single states; chance {_pct(r['chance'])}%), sessions per depth "
+                      + ", ".join(f"{k}: {v}" for k, v in sorted(r['drawn'].items(), key=lambda kv: int(kv[0]))) + "."]
         if "end_to_end_top1" in r:
             e, k = r["end_to_end_top1"], r["known_depth_top1"]
             lines += ["", f"End to end ({r['recovery_threat_model']}): {_pct(e['value'])}% "

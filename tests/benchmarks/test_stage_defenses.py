@@ -63,6 +63,8 @@ def test_stage_grid(cfg: dict, tmp_path: Path) -> None:
     assert all(is_design_label(t) for t in labels), labels  # DESIGN.md 4's words only
     lines = defenses_section(out, tmp_path)
     assert any("DP per released vector" in line for line in lines)
+    again = defenses_section(json.loads(json.dumps(out)), tmp_path)  # as a merge or bench report reads it back
+    assert any(re.search(r"sessions per depth 1: \d+, 4: \d+\.", line) for line in again), again
     assert any(line.startswith("End to end (white-box (learned), adaptive") for line in lines)
     assert (tmp_path / "defenses_frontier_head2.png").stat().st_size > 1000
 
