@@ -60,7 +60,7 @@ from benchmarks.defenses_random_split import random_split_row
 from benchmarks.schema import add_metric, metric
 from benchmarks.shard import Shard
 from splitinfer.client import SplitModel
-from splitinfer.defenses import DefensePipeline
+from splitinfer.defenses import DefenseError, DefensePipeline
 from splitinfer.defenses.base import format_items
 from splitinfer.timing import fit
 
@@ -248,8 +248,21 @@ def _record(results: dict, run: str, row: dict) -> None:
                    metric(m["value"], m["ci_low"], m["ci_high"], m["n"], False, kind="accuracy"))
 
 
+def check_specs(specs: list[str], d: int) -> None:
+    """Every spec of the suite against a model of width ``d``, before any work: one line now, not a shard's
+    failure hours into the grid (``quant(format=int4,group=128)`` cannot run at d = 576)."""
+    for spec in specs:
+        pipe = DefensePipeline.parse(spec)
+        if pipe.codec is not None:
+            try:
+                pipe.codec.check_width(d)
+            except DefenseError as e:
+                raise DefenseError(f"[defenses] spec {spec!r}: {e}") from None
+
+
 def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
     """Run the grid; returns rows for the report (see the module docstring)."""
+    check_specs(list(cfg.get("defenses", ["none"])), int(loaded.hidden_size))
     depths = [int(a) for a in cfg.get("head_depths", [2])]
     split_specs = [s for s in cfg.get("defenses", []) if s.startswith("random-split")]
     extra = sorted({d for s in split_specs for d in DefensePipeline.parse(s).get("random-split").depths} - set(depths))
