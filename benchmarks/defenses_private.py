@@ -27,6 +27,14 @@ log = logging.getLogger(__name__)
 MAX_DOCS = 256  # validation documents per corpus the victim's adapter is trained on
 
 
+def paired_label(base: str, k: int) -> str:
+    """DESIGN.md 4: a paired attacker *also* holds k deployment pairs: ``shadow, adaptive`` -> ``shadow, paired
+    (k=100), adaptive``."""
+    parts = base.split(", ")
+    at = parts.index("adaptive") if "adaptive" in parts else len(parts)
+    return ", ".join(parts[:at] + [f"paired (k={k})"] + parts[at:])
+
+
 def public_label(pipe: DefensePipeline) -> str:
     """The row's label: the canonical one, without the adapter's path when a private adapter is part of it."""
     return format_items(pipe.items, public=True) if pipe.get("lora-private") is not None else pipe.label

@@ -55,12 +55,12 @@ from attacks.boundary import Boundary
 from benchmarks.prompts import PROMPTS
 from benchmarks.attack_grid import Victim, extract_split, row_threat_model
 from benchmarks.attack_tables import SCOPE, baseline_line, cell
-from benchmarks.defenses_private import public_label, with_trained_adapter
+from benchmarks.defenses_private import paired_label, public_label, with_trained_adapter
 from benchmarks.defenses_random_split import random_split_row
 from benchmarks.schema import add_metric, metric
 from benchmarks.shard import Shard
 from splitinfer.client import SplitModel
-from splitinfer.defenses import DefenseError, DefensePipeline
+from splitinfer.defenses import DefensePipeline, check_specs
 from splitinfer.defenses.base import format_items
 from splitinfer.timing import fit
 
@@ -106,14 +106,6 @@ def _threat(name: str, pipe: DefensePipeline) -> str:
     victim = Victim(defense=pipe.label, private_local_layers=bool(pipe.model_items))
     base = row_threat_model(get_attack_class(name).threat_model, victim)
     return base if pipe.is_none else f"{base}, adaptive"
-
-
-def paired_label(base: str, k: int) -> str:
-    """DESIGN.md 4: a paired attacker *also* holds k deployment pairs: ``shadow, adaptive`` -> ``shadow, paired
-    (k=100), adaptive``."""
-    parts = base.split(", ")
-    at = parts.index("adaptive") if "adaptive" in parts else len(parts)
-    return ", ".join(parts[:at] + [f"paired (k={k})"] + parts[at:])
 
 
 def _common_tokens(attackers: list[str], options: dict) -> int | None:
@@ -248,21 +240,9 @@ def _record(results: dict, run: str, row: dict) -> None:
                    metric(m["value"], m["ci_low"], m["ci_high"], m["n"], False, kind="accuracy"))
 
 
-def check_specs(specs: list[str], d: int) -> None:
-    """Every spec of the suite against a model of width ``d``, before any work: one line now, not a shard's
-    failure hours into the grid (``quant(format=int4,group=128)`` cannot run at d = 576)."""
-    for spec in specs:
-        pipe = DefensePipeline.parse(spec)
-        if pipe.codec is not None:
-            try:
-                pipe.codec.check_width(d)
-            except DefenseError as e:
-                raise DefenseError(f"[defenses] spec {spec!r}: {e}") from None
-
-
 def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
     """Run the grid; returns rows for the report (see the module docstring)."""
-    check_specs(list(cfg.get("defenses", ["none"])), int(loaded.hidden_size))
+    check_specs(cfg.get("defenses", ["none"]), int(loaded.hidden_size), "[defenses] spec")  # before any work
     depths = [int(a) for a in cfg.get("head_depths", [2])]
     split_specs = [s for s in cfg.get("defenses", []) if s.startswith("random-split")]
     extra = sorted({d for s in split_specs for d in DefensePipeline.parse(s).get("random-split").depths} - set(depths))

@@ -135,8 +135,7 @@ class SplitModel:
         self.defense = defense if isinstance(defense, DefensePipeline) else DefensePipeline.parse(defense,
                                                                                                defense_options)
         self.defense.apply_head(self.head)  # model defenses: private copies of the head layers
-        if self.defense.codec is not None:
-            self.defense.codec.check_width(loaded.hidden_size)
+        self.defense.check_width(loaded.hidden_size)
         body = CloudBody.from_model(model, self.split)
         if isinstance(cloud, str):
             self.defense.refuse_served_body("a served body")

@@ -12,7 +12,7 @@ from splitinfer.defenses.base import (
     list_defenses,
     register_defense,
 )
-from splitinfer.defenses.pipeline import DefensePipeline, check_public
+from splitinfer.defenses.pipeline import DefensePipeline, check_public, check_specs
 
-__all__ = ["Defense", "DefenseError", "DefensePipeline", "check_public", "get_defense_class", "list_defenses",
-           "register_defense"]
+__all__ = ["Defense", "DefenseError", "DefensePipeline", "check_public", "check_specs", "get_defense_class",
+           "list_defenses", "register_defense"]

@@ -121,6 +121,11 @@ class DefensePipeline:
         x = self.transform_up(hidden[None], range(len(tokens)), session, path_digests(0, tokens))
         return (self.codec.roundtrip(x) if self.codec else x)[0].float()
 
+    def check_width(self, d: int) -> None:
+        """DefenseError when a wire defense cannot run at hidden size ``d`` (int4's group must divide it)."""
+        if self.codec is not None:
+            self.codec.check_width(d)
+
     # ---------------------------------------------------------------- cloud weights
     @property
     def needs_cloud_weights(self) -> bool:
@@ -158,3 +163,16 @@ def check_public(client_label: str | None, server_label: str | None) -> str | No
         return None
     return (f"defense mismatch: the client runs {c!r} but the cloud runs {s!r}; start both with the same "
             f"--defense (the cloud needs only its public part, e.g. --defense '{c}')")
+
+
+def check_specs(specs: Iterable[str], d: int, where: str = "defense") -> None:
+    """Parse every spec and check that it runs at hidden size ``d``; a DefenseError naming the spec otherwise.
+
+    For a grid of specs (a suite's ``[defenses]`` table) before any work: ``quant(format=int4,group=128)`` at
+    d = 576 is one line at the start, not a shard that fails hours into the grid.
+    """
+    for spec in specs:
+        try:
+            DefensePipeline.parse(spec).check_width(d)
+        except DefenseError as e:
+            raise DefenseError(f"{where} {spec!r}: {e}") from None

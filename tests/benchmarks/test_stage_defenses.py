@@ -195,7 +195,7 @@ def test_greedy_identity_counts_the_prompts_it_is_measured_on() -> None:
 
 
 def test_a_paired_label_keeps_what_the_attacker_knows_besides_the_pairs():
-    from benchmarks.stage_defenses import paired_label
+    from benchmarks.defenses_private import paired_label
 
     assert paired_label("shadow, adaptive", 100) == "shadow, paired (k=100), adaptive"
     assert paired_label("white-box (learned)", 10) == "white-box (learned), paired (k=10)"
@@ -207,13 +207,13 @@ DEFAULT_MODEL_WIDTH = 576  # SmolLM2-135M-Instruct's hidden size (../shared/ENVI
 def test_every_built_in_suites_defense_specs_run_on_the_default_model():
     """Regression: full.toml asked for quant(format=int4,group=128), which cannot run at d = 576 (jobs 18 and 19
     of the full grid failed after the other shards had run)."""
-    from benchmarks.stage_defenses import check_specs
+    from splitinfer.defenses import check_specs
     from benchmarks.suite import load_suite
 
     for name in ("ci", "quick", "full"):
         suite = load_suite(name)
         if "defenses" in suite.stages and suite.model == "default":
-            check_specs(list(suite.stage("defenses").get("defenses", [])), DEFAULT_MODEL_WIDTH)
+            check_specs(suite.stage("defenses").get("defenses", []), DEFAULT_MODEL_WIDTH, f"{name}.toml")
 
 
 def test_a_spec_the_model_cannot_run_stops_the_stage_before_any_work(monkeypatch):
