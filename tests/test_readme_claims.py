@@ -43,8 +43,8 @@ def unbacked_figures(bullet: str, root: Path = ROOT) -> tuple[list[str], list[st
     """(report paths named but missing, decimal figures not found in the named reports) of one bullet."""
     paths = [p.rstrip(".,;:") for p in REPORT_PATH.findall(bullet)]
     missing = [p for p in paths if not (root / p).exists()]
-    corpus = "\n".join(report_text(root / p) for p in paths if (root / p).exists())
-    return missing, [n for n in DECIMAL.findall(bullet) if n not in corpus]
+    shown = set(DECIMAL.findall("\n".join(report_text(root / p) for p in paths if (root / p).exists())))
+    return missing, [n for n in DECIMAL.findall(bullet) if n not in shown]  # whole figures: 8.0 is not in 38.0
 
 
 BULLETS = claim_bullets((ROOT / "README.md").read_text(encoding="utf-8"))
@@ -68,3 +68,4 @@ def test_a_figure_missing_from_its_report_is_caught(tmp_path):
     assert unbacked_figures("tau 2.22 (`reports/r/`)", tmp_path) == ([], [])
     assert unbacked_figures("tau 2.18 (`reports/r/`)", tmp_path) == ([], ["2.18"])
     assert unbacked_figures("tau 2.22 (`reports/gone/`)", tmp_path) == (["reports/gone/"], ["2.22"])
+    assert unbacked_figures("tau 2.2 (`reports/r/`)", tmp_path) == ([], ["2.2"])  # a figure, not a substring
