@@ -60,15 +60,20 @@ def victim_model(loaded, pipeline: DefensePipeline, depth: int):
     return dataclasses.replace(loaded, model=model, sha256=tag)
 
 
+def knowledge_label(recipe_label: str, private_local_layers: bool) -> str:
+    """DESIGN.md section 4: ``shadow`` for a public-weights (``white-box``) attacker when the victim's local layers
+    were changed privately, else the recipe's own label. The one place this rule is written."""
+    return "shadow" if private_local_layers and recipe_label.startswith("white-box") else recipe_label
+
+
 def threat_label(recipe_label: str, pipeline: DefensePipeline, adaptive: bool) -> str:
     """The result's attacker knowledge (DESIGN.md section 4) against a victim under ``pipeline``.
 
-    ``shadow`` for a public-weights (``white-box``) attacker when the victim's local layers were changed
-    privately (lora-random, lora-private); ``, adaptive`` when the victim is defended and the attacker knew the
-    mechanism (trained on its own defended pairs, or an adaptive recipe).
+    :func:`knowledge_label` with the victim's private local layers (lora-random, lora-private); ``, adaptive``
+    when the victim is defended and the attacker knew the mechanism (trained on its own defended pairs, or an
+    adaptive recipe).
     """
-    private = any(hasattr(d, "apply_head") for d in pipeline.model_items)
-    base = "shadow" if private and recipe_label.startswith("white-box") else recipe_label
+    base = knowledge_label(recipe_label, any(hasattr(d, "apply_head") for d in pipeline.model_items))
     return f"{base}, adaptive" if adaptive and not pipeline.is_none else base
 
 

@@ -39,6 +39,7 @@ from attacks.evaluate import collect, doc_top1_counts, prior_from_taps, score
 from attacks.registry import get_attack_class, make_attack
 from attacks.tapdata import Taps
 from attacks.boundary import Boundary
+from attacks.defended import knowledge_label
 from attacks.taps import extract_depths
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ class Victim:
 def row_threat_model(recipe_label: str, victim: Victim) -> str:
     """The label of a result: ``shadow`` for a public-weights attacker against private local layers, else the
     recipe's own (``white-box (exact)`` / ``white-box (learned)`` / ``paired``)."""
-    return "shadow" if victim.private_local_layers and recipe_label.startswith("white-box") else recipe_label
+    return knowledge_label(recipe_label, victim.private_local_layers)
 
 
 def check_row(row: dict[str, Any], victim: Victim) -> dict[str, Any]:
