@@ -57,7 +57,7 @@ class GenerationResult:
     decoding: str = "sequential"
     rtt_ms: float = 0.0  # the link's emulated WAN during the run (for the modelled tok/s)
     bandwidth_mbps: float | None = None
-    defense: str = "none"  # canonical label of the defense the run used
+    defense: str = "none"  # canonical label of the defense the run used, its secret fields left out
 
     @property
     def tokens_per_step(self) -> float:
@@ -320,7 +320,7 @@ class SplitModel:
             text, ids, prompt_ids, steps, wall,
             self.link.stats.bytes_sent - sent0, self.link.stats.bytes_received - recv0, logits,
             dec if isinstance(dec, str) else dec.name, self.link.wan.rtt_ms, self.link.wan.bandwidth_mbps,
-            self.defense.label,
+            self.defense.shareable_label,
         )
 
     def close(self) -> None:

@@ -74,7 +74,7 @@ def cmd_serve(args) -> int:
     BatchConfig(max_batch=args.max_batch, window_ms=args.batch_window_ms).validate()
     for warning in config.warnings():
         log.warning("%s", warning)
-    defense = DefenseFlags.from_args(args).pipeline()
+    defense = DefenseFlags.from_args(args).pipeline(fresh_secrets=True)
     defense.refuse_served_body("`splitinfer serve`")  # permute: transformed body weights are not shipped yet
     split = SplitConfig.parse(args.split)
     body, info = load_body(args.model, split, args.dtype, args.device, args.device_map, args.seed,

@@ -33,7 +33,7 @@ def cmd_generate(args) -> int:
     loaded = model.load()
     wan = link.wan(seed=model.seed)
     sm = SplitModel(loaded, args.split, cloud=CloudFlags.from_args(args).link(wan), wan=wan,
-                    wire_dtype=link.wire_dtype, defense=DefenseFlags.from_args(args).pipeline())
+                    wire_dtype=link.wire_dtype, defense=DefenseFlags.from_args(args).pipeline(fresh_secrets=True))
     stream_to = sys.stderr if args.json else sys.stdout
     res = sm.generate(
         args.prompt,

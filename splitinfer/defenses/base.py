@@ -35,7 +35,7 @@ from splitinfer.errors import SplitInferError
 from splitinfer.registry import claim, import_modules, lookup
 
 __all__ = ["DefenseError", "Defense", "register_defense", "list_defenses", "get_defense_class", "parse_items",
-           "format_items", "parse_option_value"]
+           "given_params", "format_items", "parse_option_value"]
 
 
 class DefenseError(SplitInferError):
@@ -194,6 +194,23 @@ def _split_items(spec: str) -> list[str]:
 
 def parse_items(spec: str, options: Iterable[str] | dict[str, Any] = ()) -> list[Defense]:
     """Defense configs from a spec (``none`` -> []) and ``[name.]KEY=VALUE`` overrides."""
+    out = []
+    for name, params in _raw_items(spec, options):
+        cls = get_defense_class(name)
+        try:
+            out.append(cls(**{k: _coerce(cls, k, v) for k, v in params.items()}))
+        except TypeError as e:
+            raise DefenseError(f"defense {name!r}: {e}") from None
+    return out
+
+
+def given_params(spec: str, options: Iterable[str] | dict[str, Any] = ()) -> dict[str, set[str]]:
+    """{defense name: the parameters the spec or the options set explicitly} (the rest take their defaults)."""
+    return {name: set(params) for name, params in _raw_items(spec, options)}
+
+
+def _raw_items(spec: str, options: Iterable[str] | dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """[(name, {key: raw value})] of a spec with the overrides applied, in spec order (values not yet coerced)."""
     spec = (spec or "none").strip()
     raw: list[tuple[str, dict[str, Any]]] = []
     if spec != "none":
@@ -223,14 +240,7 @@ def parse_items(spec: str, options: Iterable[str] | dict[str, Any] = ()) -> list
         if target not in names:
             raise DefenseError(f"--defense-option {key}: defense {target!r} is not in --defense {spec!r}")
         raw[names.index(target)][1][field] = value
-    out = []
-    for name, params in raw:
-        cls = get_defense_class(name)
-        try:
-            out.append(cls(**{k: _coerce(cls, k, v) for k, v in params.items()}))
-        except TypeError as e:
-            raise DefenseError(f"defense {name!r}: {e}") from None
-    return out
+    return raw
 
 
 def _split_option(option: str) -> tuple[str, Any]:

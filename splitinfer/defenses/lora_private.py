@@ -7,13 +7,15 @@ model's next-token distribution (distillation, Hinton et al. 2015) plus
 ``lm_weight`` times the language-modelling loss on the user's text. An attacker
 holding only the public weights then inverts the wrong function: the ``shadow``
 setting of DESIGN.md section 4. :func:`train_adapter` writes the adapter
-(safetensors + JSON: rank, steps, depth, base model hash) under a path of the
+(safetensors + JSON: rank, steps, depth, base model hash, a digest of each base
+layer it fits, checked when the adapter is applied) under a path of the
 user's choosing; adapters are secrets and never committed. The defense config
 names that path; its strength axis is (rank, steps), read from the adapter.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -27,6 +29,16 @@ from splitinfer.defenses.base import DefenseError, register_defense
 from splitinfer.defenses.lora_random import HeadLora, lora_holder, with_head_layers
 
 log = logging.getLogger(__name__)
+
+
+def layer_digest(layer: torch.nn.Module) -> str:
+    """sha256 of one decoder layer's parameters (names, dtypes, shapes and bytes): the base an adapter fits."""
+    h = hashlib.sha256()
+    for name, p in sorted(layer.named_parameters()):
+        t = p.detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def _lora_layers(layers: torch.nn.ModuleList, rank: int, seed: int) -> torch.nn.Module:
@@ -72,7 +84,8 @@ def train_adapter(loaded, depth: int, texts: Sequence[str], out: str | Path, *, 
     save_file({n: p.detach().contiguous() for n, p in holder.named_parameters() if "lora_" in n},
               str(out / "adapter.safetensors"))
     meta = {"rank": rank, "steps": steps, "depth": depth, "lr": lr, "lm_weight": lm_weight, "seed": seed,
-            "base_sha256": loaded.sha256, "train_tokens": int(data.numel()), "final_loss": last}
+            "base_sha256": loaded.sha256, "layer_sha256": [layer_digest(x) for x in loaded.model.model.layers[:depth]],
+            "train_tokens": int(data.numel()), "final_loss": last}
     (out / "adapter.json").write_text(json.dumps(meta, indent=1))
     return out
 
@@ -109,6 +122,15 @@ class LoraPrivate(HeadLora):
         if meta["depth"] < len(head.layers) or meta["rank"] != self.rank:
             raise DefenseError(f"lora-private: the adapter at {self.adapter} covers {meta['depth']} layers at rank "
                                f"{meta['rank']}; this head has {len(head.layers)} layers and asks rank {self.rank}")
+        digests = meta.get("layer_sha256")
+        if not digests:
+            raise DefenseError(f"lora-private: the adapter at {self.adapter} does not record the base layers it was "
+                               "trained on (an older splitinfer wrote it); train it again with train_adapter")
+        differ = next((i for i, x in enumerate(head.layers) if layer_digest(x) != digests[i]), None)
+        if differ is not None:
+            raise DefenseError(f"lora-private: the adapter at {self.adapter} was trained on other base weights "
+                               f"or dtype (head layer {differ} differs; it records model sha256 "
+                               f"{str(meta.get('base_sha256'))[:12]}); train an adapter on this model")
         weights = load_file(str(path / "adapter.safetensors"))
 
         def init(name: str, m) -> None:

@@ -53,6 +53,11 @@ class DefensePipeline:
         return format_items([d for d in self.items if d.cloud_must_know], public=True)
 
     @property
+    def shareable_label(self) -> str:
+        """Every defense with its secret fields (seeds, adapter paths) left out: what a run's summary records."""
+        return format_items(self.items, public=True)
+
+    @property
     def is_none(self) -> bool:
         return not self.items
 

@@ -13,6 +13,7 @@ def test_generate_records_the_defense(capsys):
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["defense"] == "noise(sigma=0.2,clip=8.0)+quant(format=fp8)"
     assert "per released vector" in summary["defense_detail"][0]
+    assert "seed" not in json.dumps(summary)  # the drawn secret seed is not in the shareable summary
 
 
 def test_bad_defense_flags_are_one_line_errors(capsys):

@@ -46,3 +46,22 @@ def test_missing_or_mismatched_adapter(tiny, adapter):
         SplitModel(tiny, "2,1", defense="lora-private(adapter=/nonexistent)")
     with pytest.raises(DefenseError, match="covers 2 layers at rank 4"):
         SplitModel(tiny, "3,1", defense=f"lora-private(adapter={adapter},rank=4)")
+
+
+def test_an_adapter_is_refused_on_other_base_weights(tiny, adapter, tmp_path):
+    import copy
+    import shutil
+
+    other = copy.deepcopy(tiny)
+    with torch.no_grad():
+        other.model.model.layers[1].mlp.down_proj.weight.add_(1e-3)  # a fine-tuned or different base
+    spec = f"lora-private(adapter={adapter},rank=4,steps=25)"
+    with pytest.raises(DefenseError, match="trained on other base weights or dtype \\(head layer 1 differs"):
+        SplitModel(other, "2,1", defense=spec)
+    SplitModel(other, "1,1", defense=spec)  # layer 0 is the same: the adapter still fits that head
+    old = shutil.copytree(adapter, tmp_path / "old")
+    meta = json.loads((old / "adapter.json").read_text())
+    del meta["layer_sha256"]
+    (old / "adapter.json").write_text(json.dumps(meta))
+    with pytest.raises(DefenseError, match="does not record the base layers"):
+        SplitModel(tiny, "2,1", defense=f"lora-private(adapter={old},rank=4,steps=25)")

@@ -60,6 +60,12 @@ def test_undefended_path_is_unchanged(tiny):
     assert all(torch.equal(a, b) for a, b in zip(inputs, ref_inputs))
     hello = next(f for f in ref_frames if f.op == "hello")
     assert "defense" not in hello.fields and res.summary()["defense"] == "none"
+    # An oracle outside the defense code: the prefill frame carries the head's own states cast to the wire
+    # dtype, bit for bit, and the body runs on exactly those values.
+    ids = sm.encode_prompt(PROMPT)
+    head = sm.head(torch.tensor([ids]), torch.arange(len(ids)), sm.head.new_cache())[0].to(sm.wire_dtype)  # (T, d)
+    assert torch.equal(frames[0].tensors["hidden"][0], head)
+    assert torch.equal(inputs[0], head.to(inputs[0].dtype))
 
 
 @pytest.mark.parametrize("fmt", ["int8", "fp8", "int4"])
