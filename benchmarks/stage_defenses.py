@@ -356,8 +356,9 @@ def defenses_section(data: dict, out) -> list[str]:
              "documents); attackers know the mechanism and its public parameters, not its draws or secret weights. "
              "Utility against the undefended model; cost measured under the defense (tok/s modelled at 80 ms, "
              "100 Mbit/s). vocab-match-adaptive is scored on sequence prefixes of the test documents, learned "
-             "attackers on every test token (n = user-text tokens scored); the best attacker is the one with the "
-             "highest top-1 on the prefixes every attacker is scored on.", "", SCOPE, "",
+             "attackers on every test token (n = user-text tokens scored: a prefix of a chat document that holds "
+             "only the chat template adds none); the best attacker is the one with the highest top-1 on the "
+             "prefixes every attacker is scored on.", "", SCOPE, "",
              "| depth | defense | best attacker (threat model) | recovery top-1 [CI] | lift over strongest baseline | "
              "template top-1 | next-token agreement | perplexity (undefended) | greedy identity | bytes/step | "
              "tau combined | tok/s @80 ms |",
