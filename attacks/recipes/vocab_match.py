@@ -70,8 +70,11 @@ log = logging.getLogger(__name__)
 
 
 def match_distance(h: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
-    """(B, d) candidate states, (d,) observed state -> (B,) RMS elementwise relative error (0 = identical)."""
-    scale = obs.abs() + obs.abs().median() + 1e-12  # (d,)
+    """(B, d) candidate states, (d,) observed state -> (B,) RMS elementwise relative error (0 = identical).
+
+    ``obs`` may also be (B, d): one observed state per row (each scaled by its own median).
+    """
+    scale = obs.abs() + obs.abs().median(dim=-1, keepdim=True).values + 1e-12  # (d,) or (B, d)
     return ((h - obs) / scale).pow(2).mean(dim=-1).sqrt()
 
 

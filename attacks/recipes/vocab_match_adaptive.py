@@ -102,15 +102,19 @@ class AdaptiveVocabMatch(VocabMatch):
             train, val = self._public_view(train), (self._public_view(val) if val is not None else None)
         super()._fit(train, val, trainer)
 
+    def _observed(self, taps: Taps) -> Taps:
+        """The observed states in the public model's basis (under permute: turned back by the recovered Q)."""
+        if self.permute is None:
+            return taps
+        if self.basis is None:
+            raise AttackError("vocab-match-adaptive under permute needs the cloud's body weights: call "
+                              "observe_cloud(layer, depth) first (the defenses bench stage does)")
+        y = torch.from_numpy(np.asarray(taps.hidden, dtype=np.float32)).double()  # (N, d) in Q's basis
+        return Taps((y @ self.basis.T).float().numpy(), taps.token_ids, taps.seq_lengths, taps.seq_doc,
+                    taps.documents, taps.offsets, taps.meta)
+
     def _invert(self, taps: Taps, k: int):
-        if self.permute is not None:
-            if self.basis is None:
-                raise AttackError("vocab-match-adaptive under permute needs the cloud's body weights: call "
-                                  "observe_cloud(layer, depth) first (the defenses bench stage does)")
-            y = torch.from_numpy(np.asarray(taps.hidden, dtype=np.float32)).double()  # (N, d) in Q's basis
-            taps = Taps((y @ self.basis.T).float().numpy(), taps.token_ids, taps.seq_lengths, taps.seq_doc,
-                        taps.documents, taps.offsets, taps.meta)
-        return super()._invert(taps, k)
+        return super()._invert(self._observed(taps), k)
 
     def distance(self, h: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:  # (B, d), (d,) -> (B,)
         if self.noise is not None:

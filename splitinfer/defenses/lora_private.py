@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from splitinfer.defenses.base import DefenseError, register_defense
-from splitinfer.defenses.lora_random import HeadLora, lora_holder, with_head_layers
+from splitinfer.defenses.lora_random import HeadLora, copy_lora, lora_holder, with_head_layers
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,8 @@ def layer_digest(layer: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def _lora_layers(layers: torch.nn.ModuleList, rank: int, seed: int) -> torch.nn.Module:
+def trainable_lora(layers: torch.nn.ModuleList, rank: int, seed: int) -> torch.nn.Module:
+    """:func:`lora_holder` over copies of ``layers`` with only the adapter trainable (seeded init: B = 0)."""
     torch.manual_seed(seed)  # peft's default init: A random (kaiming), B zero, so training starts at the base model
     holder = lora_holder(layers, rank)
     for name, p in holder.named_parameters():
@@ -58,7 +59,7 @@ def train_adapter(loaded, depth: int, texts: Sequence[str], out: str | Path, *, 
     if len(ids) < seq_len + 1:
         raise DefenseError(f"lora-private: the training texts hold {len(ids)} tokens; give at least {seq_len + 1}")
     data = torch.tensor(ids[: len(ids) // seq_len * seq_len]).reshape(-1, seq_len)  # (S, seq_len)
-    holder = _lora_layers(loaded.model.model.layers[:depth], rank, seed)
+    holder = trainable_lora(loaded.model.model.layers[:depth], rank, seed)
     student = with_head_layers(loaded.model, list(holder.layers))
     params = [p for p in holder.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr)
@@ -131,10 +132,4 @@ class LoraPrivate(HeadLora):
             raise DefenseError(f"lora-private: the adapter at {self.adapter} was trained on other base weights "
                                f"or dtype (head layer {differ} differs; it records model sha256 "
                                f"{str(meta.get('base_sha256'))[:12]}); train an adapter on this model")
-        weights = load_file(str(path / "adapter.safetensors"))
-
-        def init(name: str, m) -> None:
-            for part in ("lora_A", "lora_B"):
-                getattr(m, part)["default"].weight.copy_(weights[f"{name}.{part}.default.weight"])
-
-        return init
+        return copy_lora(load_file(str(path / "adapter.safetensors")))

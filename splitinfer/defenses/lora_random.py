@@ -62,6 +62,17 @@ def merge_lora(layers: torch.nn.ModuleList, rank: int, init) -> torch.nn.ModuleL
     return holder.layers
 
 
+def copy_lora(weights: dict[str, torch.Tensor]) -> Callable[[str, Any], None]:
+    """An ``init`` for :func:`merge_lora` that sets each adapter from ``weights``, the ``lora_`` entries of a
+    :func:`lora_holder`'s ``named_parameters()`` (a trained adapter)."""
+
+    def init(name: str, m) -> None:
+        for part in ("lora_A", "lora_B"):
+            getattr(m, part)["default"].weight.copy_(weights[f"{name}.{part}.default.weight"])
+
+    return init
+
+
 def with_head_layers(model: torch.nn.Module, layers: list) -> torch.nn.Module:
     """A shallow copy of a *ForCausalLM whose first ``len(layers)`` decoder layers are ``layers`` (others shared)."""
     out = copy.copy(model)

@@ -31,10 +31,10 @@ def fitted(tmp_path_factory):
 
 def test_registry_lists_every_recipe_with_threat_model() -> None:
     rows = {r["name"]: r for r in list_attacks()}
-    expected = {"linear-probe", "linear-embed", "mlp", "seq-decoder", "vocab-match", "output-probe", "depth-id",
-                "tail-logits"}
+    expected = {"linear-probe", "linear-embed", "mlp", "seq-decoder", "vocab-match", "vocab-match-adaptive",
+                "vocab-match-fitted", "output-probe", "depth-id", "tail-logits"}
     assert expected <= set(rows)
-    assert rows["vocab-match"]["threat_model"] == "white-box (exact)"
+    assert all(rows[n]["threat_model"] == "white-box (exact)" for n in expected if n.startswith("vocab-match"))
     assert rows["vocab-match"]["requires"] == ["head_weights"]
     assert rows["output-probe"]["boundary_side"] == "tail"
     # DESIGN.md section 4: against the undefended (published-weights) victim every recipe is white-box;

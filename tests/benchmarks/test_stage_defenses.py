@@ -224,3 +224,32 @@ def test_a_spec_the_model_cannot_run_stops_the_stage_before_any_work(monkeypatch
     with pytest.raises(DefenseError, match=r"\[defenses\] spec 'quant\(format=int4,group=6\)': quant: int4 needs"):
         stage_defenses(load_model("tiny-random"), {"defenses": ["none", "quant(format=int4,group=6)"]},
                        {"config": {"seed": 0}, "results": {}})
+
+
+def test_the_fitted_attacker_runs_in_the_stage_by_name(cfg: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vocab-match-fitted in a suite's attackers: told the defense's public label like the adaptive recipes (so it
+    fits its adapter against private local layers only), ``shadow, adaptive`` there, ``white-box (exact)`` against
+    the undefended victim."""
+    import benchmarks.stage_defenses as stage
+    from attacks.defended import as_public, victim_model
+    from benchmarks.stage_defenses import _attack, _taps
+    from splitinfer.defenses import DefensePipeline
+
+    seen = []
+    score = stage.score
+    monkeypatch.setattr(stage, "score", lambda inv, *a, **k: (seen.append(inv.info), score(inv, *a, **k))[1])
+    tiny = load_model("tiny-random")
+    train, _ = _taps(tiny, cfg, [2], "train", 300)
+    clean, rows = _taps(tiny, cfg, [2], "test", 80)
+    opts = {"scored_tokens": 16, "random_tokens": 128, "max_candidates": 64, "batch_sizes": [64], "grad_steps": 0,
+            "fit_steps": 10}
+    for spec, label in (("none", "white-box (exact)"), ("lora-random(rank=2,scale=0.5)", "shadow, adaptive")):
+        pipe = DefensePipeline.parse(spec)
+        test = clean[2] if pipe.is_none else as_public(_taps(victim_model(tiny, pipe, 2), cfg, [2], "test", 80)[0][2],
+                                                       tiny)
+        (row,) = _attack(tiny, "vocab-match-fitted", opts, pipe, train[2], test, rows[2], 0, common=16)
+        assert row["attack"] == "vocab-match-fitted" and row["threat_model"] == label and is_design_label(label)
+        assert row["test_tokens"] > 0 and 0.0 <= row["metrics"]["token_acc_top1"]["value"] <= 1.0
+        assert seen.pop()["adapter_fitted"] is not pipe.is_none and not seen  # scored once: 16 tokens = common
+        if pipe.is_none:
+            assert row["metrics"]["token_acc_top1"]["value"] == 1.0  # the public head is the victim's
