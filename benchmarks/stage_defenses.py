@@ -137,11 +137,13 @@ def _attack(loaded, name: str, opts: dict, pipe: DefensePipeline, train: Taps, t
     atk.fit(defend_taps(train, own))
     show_cloud(atk, loaded, pipe, int(test.meta["depth"]))  # permute: the cloud's own transformed weights
     vocab, prior = int(loaded.config.vocab_size), prior_from_taps(train)
-    m = score(atk.invert(target, k=5), target, vocab_size=vocab, prior=prior)
+    inv = atk.invert(target, k=5)
+    m = score(inv, target, vocab_size=vocab, prior=prior)
+    fitted = {k: v for k, v in inv.info.items() if k.startswith("adapter_") and isinstance(v, (bool, int, float))}
     on = m if common is None or (prefixes and size == common) else \
         score(atk.invert(both := scoring_subset(test, rows, common, 0), k=5), both, vocab_size=vocab, prior=prior)
     out = [{"attack": name, "threat_model": _threat(name, pipe), "metrics": m, "seconds": time.perf_counter() - t0,
-            "test_tokens": target.n_tokens, "common_top1": on["token_acc_top1"]}]
+            "test_tokens": target.n_tokens, "common_top1": on["token_acc_top1"], **fitted}]  # vocab-match-fitted
     if pairs and hasattr(atk, "fine_tune"):
         public = {k: v.clone() for k, v in atk.module.state_dict().items()}
         for k, known in sorted(pairs.items()):
@@ -321,6 +323,7 @@ def _summary(row: dict) -> dict:
                                   "baseline_unigram_top1", "baseline_position_top1") if k in m}
         return {"attack": x["attack"], "threat_model": x["threat_model"], "top1": m["token_acc_top1"], **keep,
                 **{k: x[k] for k in ("k", "pairs_used", "kept_public", "common_top1") if k in x},
+                **{k: v for k, v in x.items() if k.startswith("adapter_")},
                 **({"seconds": x["seconds"], "test_tokens": x["test_tokens"]} if "seconds" in x else {})}
 
     return {**{k: v for k, v in row.items() if k not in ("attackers", "best")},

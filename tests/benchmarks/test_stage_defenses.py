@@ -251,5 +251,6 @@ def test_the_fitted_attacker_runs_in_the_stage_by_name(cfg: dict, monkeypatch: p
         assert row["attack"] == "vocab-match-fitted" and row["threat_model"] == label and is_design_label(label)
         assert row["test_tokens"] > 0 and 0.0 <= row["metrics"]["token_acc_top1"]["value"] <= 1.0
         assert seen.pop()["adapter_fitted"] is not pipe.is_none and not seen  # scored once: 16 tokens = common
+        assert row["adapter_fitted"] is not pipe.is_none  # the fit's record reaches the results
         if pipe.is_none:
             assert row["metrics"]["token_acc_top1"]["value"] == 1.0  # the public head is the victim's
