@@ -81,8 +81,9 @@ class Defense:
         return {k: getattr(self, k) for k in self.strength}
 
     def describe(self) -> str:
-        """A one-line human description (override for guarantees such as epsilon)."""
-        return self.label()
+        """A one-line human description (override for guarantees such as epsilon); never shows a secret field
+        (run summaries print it: ``generate --json``'s ``defense_detail``)."""
+        return self.label(public=True)
 
 
 _REGISTRY: dict[str, type[Defense]] = {}

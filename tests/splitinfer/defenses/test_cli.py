@@ -23,3 +23,14 @@ def test_bad_defense_flags_are_one_line_errors(capsys):
         assert main(["generate", "--model", "tiny-random", *extra, "hi"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("splitinfer: error:") and msg in err[0]
+
+
+def test_generate_json_never_shows_a_drawn_secret_seed(capsys):
+    """``defense_detail`` (each defense's ``describe()``) is in the shareable summary too: the seeds generate drew
+    for lora-random and permute must not appear there either."""
+    for spec in ("lora-random(rank=2)", "permute"):
+        argv = ["generate", "--model", "tiny-random", "--split", "2,1", "--max-new-tokens", "2", "--json",
+                "--defense", spec, "Hello"]
+        assert main(argv) == 0
+        out = capsys.readouterr().out.strip().splitlines()[-1]
+        assert "seed" not in out, out

@@ -43,3 +43,9 @@ def test_fresh_secrets_draw_every_unset_secret_seed_and_keep_the_rest():
 def test_the_shareable_label_leaves_drawn_seeds_out():
     pipe = DefenseFlags("noise(sigma=0.1)").pipeline(fresh_secrets=True)
     assert "seed=" in pipe.label and pipe.shareable_label == "noise(sigma=0.1,clip=8.0)"
+
+
+def test_describe_leaves_every_secret_out():
+    for spec in ("noise(sigma=0.1)", "lora-random(rank=2)", "permute", "random-split", "quant(format=int8)"):
+        pipe = DefenseFlags(spec).pipeline(fresh_secrets=True)
+        assert all("seed=" not in line for line in pipe.describe()), (spec, pipe.describe())
