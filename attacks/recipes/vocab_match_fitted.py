@@ -192,7 +192,8 @@ class FittedVocabMatch(AdaptiveVocabMatch):
         """The public LoadedModel with the fitted adapter merged into copies of its head layers."""
         model = self._need_model()
         weights = {n: p.detach() for n, p in holder.named_parameters() if "lora_" in n}
-        layers = merge_lora(model.model.model.layers[:depth], self._rank(), copy_lora(weights))
+        with torch.random.fork_rng(devices=[]):  # the wrappers' default init draws from it before copy_lora overwrites
+            layers = merge_lora(model.model.model.layers[:depth], self._rank(), copy_lora(weights))
         return dataclasses.replace(model, model=with_head_layers(model.model, list(layers)))
 
     def _search(self, taps: Taps, k: int, model) -> Inversion:

@@ -105,3 +105,19 @@ def test_it_is_a_public_weights_recipe_labelled_shadow_under_private_layers():
     assert knowledge_label(cls.threat_model, True) == "shadow"
     assert threat_label(cls.threat_model, DefensePipeline.parse(VICTIM), adaptive=True) == "shadow, adaptive"
     assert threat_label(cls.threat_model, DefensePipeline.parse("none"), adaptive=True) == "white-box (exact)"
+
+
+def test_it_never_reads_the_plaintext_of_the_states_it_inverts(tiny, victim):
+    """The fit's labels are the search's own guesses: the same states with their true tokens blanked out give the
+    very same inversion (a k = 0 attacker, not ``paired``)."""
+    train, test, _ = victim
+    short = test.select_sequences([0, 1]).truncate(12)
+    blank = Taps(np.asarray(short.hidden), np.zeros_like(short.token_ids), short.seq_lengths, short.seq_doc,
+                 short.documents, short.offsets, short.meta)
+    atk = make_attack("vocab-match-fitted", model=tiny, defense="lora-random(rank=4,scale=0.1)", fit_steps=5,
+                      **FAST).fit(train)
+    state = torch.random.get_rng_state()
+    a, b = atk.invert(short, k=2), atk.invert(blank, k=2)
+    assert torch.equal(torch.random.get_rng_state(), state)  # the adapter's seeded init leaves the caller's RNG
+    assert a.info["adapter_fitted"] and np.array_equal(a.topk, b.topk) and np.array_equal(a.scores, b.scores)
+    assert a.info["adapter_fit_loss"] == b.info["adapter_fit_loss"]
