@@ -56,6 +56,7 @@ from benchmarks.prompts import PROMPTS
 from benchmarks.attack_grid import Victim, extract_split, row_threat_model
 from benchmarks.attack_tables import SCOPE, baseline_line, cell
 from benchmarks.defenses_private import paired_label, public_label, with_trained_adapter
+from benchmarks.defenses_overhead import overhead_ms
 from benchmarks.defenses_random_split import random_split_row
 from benchmarks.schema import add_metric, metric
 from benchmarks.shard import Shard
@@ -203,30 +204,6 @@ def _cost(loaded, depth: int, tail: int, pipe: DefensePipeline, cfg: dict, refer
             "modelled_tok_s_80ms": model.tok_s(steps)}
 
 
-def overhead_ms(spec: str, d: int, tokens: int = 1, reps: int = 200) -> float:
-    """Milliseconds per step of a wire defense alone: client transform + encode, cloud decode, reply both ways.
-
-    One torch thread (tensors this small gain nothing from more; on a shared 2-core machine the intra-op pool's
-    waits made an 8-token step 50x slower); the best of three rounds of ``reps``.
-    """
-    pipe = DefensePipeline.parse(spec)
-    x = torch.randn(1, tokens, d).to(torch.float16)
-    pos = list(range(100, 100 + tokens))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        best = float("inf")
-        for _ in range(3):
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                up = pipe.decode_up(pipe.encode_up(pipe.transform_up(x, pos, 0, pos)), d)
-                pipe.decode_down(pipe.encode_down(up, pos, 0), d)
-            best = min(best, 1e3 * (time.perf_counter() - t0) / reps)
-    finally:
-        torch.set_num_threads(threads)
-    return best
-
-
 def _record(results: dict, run: str, row: dict) -> None:
     best = row["best"]["metrics"]["token_acc_top1"]
     add_metric(results, run, "recovery_top1", metric(best["value"], best["ci_low"], best["ci_high"], best["n"],
@@ -312,7 +289,7 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
         add_metric(results, f"defenses/overhead/{o['defense']}/T{o['tokens']}", "ms_per_step",
                    metric(o["ms"], higher_is_better=False, kind="info", unit="ms"))
     return {"rows": [_summary(r) for r in out_rows], "random_split": splits, "overhead": overhead,
-            "seconds": time.perf_counter() - t0, "skipped": skipped}
+            "seconds": time.perf_counter() - t0, "skipped": skipped, "attacker_options": options}
 
 
 def _summary(row: dict) -> dict:
@@ -376,6 +353,9 @@ def defenses_section(data: dict, out) -> list[str]:
                      f"{_pct(r['greedy_identity'])} | {r['bytes_per_step']:.0f} | {r['tau_combined']:.2f} | "
                      f"{r['modelled_tok_s_80ms']:.2f} |")
     lines += _baseline_lines(rows)
+    if data.get("attacker_options"):
+        lines += ["", "Attacker options (the suite's, over each recipe's defaults): " + "; ".join(
+            f"{n}: " + ", ".join(f"{k}={v}" for k, v in o.items()) for n, o in data["attacker_options"].items()) + "."]
     if data.get("skipped"):
         lines += ["", f"Left out by the stage's time budget: {', '.join(data['skipped'])}."]
     guarantees = sorted({g for r in rows for g in r["describe"] if "DP per released vector" in g})
