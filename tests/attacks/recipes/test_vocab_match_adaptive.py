@@ -83,3 +83,9 @@ def test_dequantise_then_match_in_the_permuted_basis(tiny, taps, quant):
     inv = atk.invert(test, k=1)
     assert float((inv.tokens == test.token_ids).mean()) == 1.0
     assert inv.info["accepted_rate"] > 0.9  # the true token matches to float rounding, as under quant alone
+
+
+def test_clipping_alone_is_matched_exactly_whatever_the_candidate_cap(tiny, taps):
+    """sigma = 0: the clip is deterministic and public, so the true token matches exactly and the cap (a bound on
+    full scans where nothing can be accepted early) must not make the attacker miss; with 2 candidates it did."""
+    assert _top1(tiny, "noise(sigma=0.0,clip=3.0)", taps, max_candidates=2, batch_sizes=[2], grad_steps=0) == 1.0
