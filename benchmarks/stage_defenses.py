@@ -70,7 +70,8 @@ log = logging.getLogger(__name__)
 FAMILY_ORDER = ("none", "noise", "quant", "lora-random", "lora-private", "permute", "random-split")
 
 
-def _taps(loaded, cfg: dict, depths: list[int], split: str, per_corpus: int) -> tuple[dict[int, Taps], dict]:
+def split_taps(loaded, cfg: dict, depths: list[int], split: str, per_corpus: int) -> tuple[dict[int, Taps], dict]:
+    """{depth: the public model's head taps of ``split``, the suite's corpora concatenated}, {depth: corpus rows}."""
     parts: dict[int, list[Taps]] = {a: [] for a in depths}
     rows: dict[int, dict[str, tuple[int, int]]] = {a: {} for a in depths}
     heads = {a: Boundary("head", a) for a in depths}
@@ -83,13 +84,22 @@ def _taps(loaded, cfg: dict, depths: list[int], split: str, per_corpus: int) -> 
     return {a: Taps.concat(v) for a, v in parts.items()}, rows
 
 
+def median_clip(train: Taps) -> float:
+    """noise's default clip C: the median per-token L2 norm of the states at positions >= 1, to 2 decimals."""
+    pos = train.positions()
+    return round(float(np.median(np.linalg.norm(np.asarray(train.hidden[pos >= 1], dtype=np.float32), axis=1))), 2)
+
+
+def utility_sequences(held: Taps, n: int) -> list[list[int]]:
+    """The token ids of the first ``n`` held-out sequences: the ones utility is measured on."""
+    return [held.token_ids[s].tolist() for _, s in list(held.sequences())[:n]]
+
+
 def _pipeline(spec: str, train: Taps) -> DefensePipeline:
     """The spec, with noise's clip set to the median state norm when the spec leaves it out."""
     pipe = DefensePipeline.parse(spec)
     if pipe.get("noise") is not None and "clip=" not in spec:
-        pos = train.positions()
-        norms = np.linalg.norm(np.asarray(train.hidden[pos >= 1], dtype=np.float32), axis=1)
-        pipe = DefensePipeline.parse(spec, {"noise.clip": round(float(np.median(norms)), 2)})
+        pipe = DefensePipeline.parse(spec, {"noise.clip": median_clip(train)})
     return pipe
 
 
@@ -97,7 +107,7 @@ def _deployment_pairs(loaded, cfg: dict, pipe: DefensePipeline, depth: int, ks: 
     """{k: the first k (state, token) pairs of the deployment}: the victim's defended states of training-split
     documents (never the test documents), presented as the public model's taps."""
     n_corp = len(cfg.get("corpora", ["prose"]))
-    got, _ = _taps(victim_model(loaded, pipe, depth), cfg, [depth], "train", -(-max(ks) // n_corp))
+    got, _ = split_taps(victim_model(loaded, pipe, depth), cfg, [depth], "train", -(-max(ks) // n_corp))
     known = defend_taps(as_public(got[depth], loaded), pipe, session0=1 << 20)  # other sessions than the test's
     return {k: known.select_tokens(range(min(k, known.n_tokens))) if k else known for k in ks}  # k = 0: unused
 
@@ -160,7 +170,7 @@ def _attack(loaded, name: str, opts: dict, pipe: DefensePipeline, train: Taps, t
 
 
 @torch.no_grad()
-def _utility(loaded, depth: int, tail: int, pipe: DefensePipeline, seqs: list[list[int]]) -> dict:
+def defended_utility(loaded, depth: int, tail: int, pipe: DefensePipeline, seqs: list[list[int]]) -> dict:
     """Next-token agreement and perplexity of the defended split vs the undefended model (teacher-forced)."""
     sm = SplitModel(loaded, f"{depth},{tail}", defense=pipe)
     agree, nll_d, nll_c, n = 0, 0.0, 0.0, 0
@@ -233,8 +243,8 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
     seed = int(results["config"]["seed"])
     shard = Shard.of(results)
     t0 = time.perf_counter()
-    train, _ = _taps(loaded, cfg, depths + extra, "train", int(cfg.get("train_tokens", 4000)) // n_corp)
-    clean_test, rows = _taps(loaded, cfg, depths + extra, "test", int(cfg.get("test_tokens", 800)) // n_corp)
+    train, _ = split_taps(loaded, cfg, depths + extra, "train", int(cfg.get("train_tokens", 4000)) // n_corp)
+    clean_test, rows = split_taps(loaded, cfg, depths + extra, "test", int(cfg.get("test_tokens", 800)) // n_corp)
     splits = [random_split_row(loaded, s, train, clean_test, seed, options.get("linear-probe"))
               for s in split_specs] if shard.first else []
     for r in splits:
@@ -244,8 +254,7 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
             m = r[key]
             add_metric(results, f"defenses/{r['defense']}", key,
                        metric(m["value"], m["ci_low"], m["ci_high"], m["n"], False, kind="accuracy"))
-    held = clean_test[depths[0]]
-    seqs = [held.token_ids[s].tolist() for _, s in list(held.sequences())[: int(cfg.get("utility_sequences", 4))]]
+    seqs = utility_sequences(clean_test[depths[0]], int(cfg.get("utility_sequences", 4)))
     reference: dict = {}
     out_rows, overhead = [], []
     jobs = [(a, s) for s in specs for a in depths]  # spec-major: a time budget drops whole specs, not a depth
@@ -265,7 +274,7 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
         test = clean_test[a]
         pipe = with_trained_adapter(loaded, pipe, a, cfg.get("corpora", ["prose"]), seed, workdir)
         if pipe.model_items:  # a private head: the victim's states come from its own layers
-            test, _ = _taps(victim_model(loaded, pipe, a), cfg, [a], "test",
+            test, _ = split_taps(victim_model(loaded, pipe, a), cfg, [a], "test",
                             int(cfg.get("test_tokens", 800)) // n_corp)
             test = as_public(test[a], loaded)
         test = defend_taps(test, pipe)
@@ -276,7 +285,7 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
         row = {"job": j, "depth": a, "defense": public_label(pipe),
                "family": pipe.items[0].name if pipe.items else "none",
                "strength": {d.name: d.strength_value() for d in pipe.items}, "describe": pipe.describe(),
-               "attackers": tried, "best": best, **_utility(loaded, a, tail, pipe, seqs),
+               "attackers": tried, "best": best, **defended_utility(loaded, a, tail, pipe, seqs),
                **_cost(loaded, a, tail, pipe, cfg, reference)}
         out_rows.append({**row, "job_seconds": time.perf_counter() - tj})
         _record(results, f"defenses/{Boundary('head', a)}/{row['defense']}", row)

@@ -218,7 +218,7 @@ def test_a_spec_the_model_cannot_run_stops_the_stage_before_any_work(monkeypatch
     import benchmarks.stage_defenses as sd
     from splitinfer.defenses import DefenseError
 
-    monkeypatch.setattr(sd, "_taps", lambda *a, **k: pytest.fail("extracted taps before checking the specs"))
+    monkeypatch.setattr(sd, "split_taps", lambda *a, **k: pytest.fail("extracted taps before checking the specs"))
     with pytest.raises(DefenseError, match=r"\[defenses\] spec 'quant\(format=int4,group=6\)': quant: int4 needs"):
         stage_defenses(load_model("tiny-random"), {"defenses": ["none", "quant(format=int4,group=6)"]},
                        {"config": {"seed": 0}, "results": {}})
@@ -230,20 +230,20 @@ def test_the_fitted_attacker_runs_in_the_stage_by_name(cfg: dict, monkeypatch: p
     the undefended victim."""
     import benchmarks.stage_defenses as stage
     from attacks.defended import as_public, victim_model
-    from benchmarks.stage_defenses import _attack, _taps
+    from benchmarks.stage_defenses import _attack, split_taps
     from splitinfer.defenses import DefensePipeline
 
     seen = []
     score = stage.score
     monkeypatch.setattr(stage, "score", lambda inv, *a, **k: (seen.append(inv.info), score(inv, *a, **k))[1])
     tiny = load_model("tiny-random")
-    train, _ = _taps(tiny, cfg, [2], "train", 300)
-    clean, rows = _taps(tiny, cfg, [2], "test", 80)
+    train, _ = split_taps(tiny, cfg, [2], "train", 300)
+    clean, rows = split_taps(tiny, cfg, [2], "test", 80)
     opts = {"scored_tokens": 16, "random_tokens": 128, "max_candidates": 64, "batch_sizes": [64], "grad_steps": 0,
             "fit_steps": 10}
     for spec, label in (("none", "white-box (exact)"), ("lora-random(rank=2,scale=0.5)", "shadow, adaptive")):
         pipe = DefensePipeline.parse(spec)
-        test = clean[2] if pipe.is_none else as_public(_taps(victim_model(tiny, pipe, 2), cfg, [2], "test", 80)[0][2],
+        test = clean[2] if pipe.is_none else as_public(split_taps(victim_model(tiny, pipe, 2), cfg, [2], "test", 80)[0][2],
                                                        tiny)
         (row,) = _attack(tiny, "vocab-match-fitted", opts, pipe, train[2], test, rows[2], 0, common=16)
         assert row["attack"] == "vocab-match-fitted" and row["threat_model"] == label and is_design_label(label)
