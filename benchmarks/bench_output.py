@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.schema import add_metric, metric, new_results, save
+from splitinfer.atomic import write_text
 
 
 def _scalars(raw: dict) -> dict[str, Any]:
@@ -102,6 +103,17 @@ def write(doc: dict, out: str | Path) -> Path:
     path = save(doc, out)
     print(f"results written to {path}")
     return path
+
+
+def write_dir(out: str | Path, text: str, doc: dict) -> int:
+    """A report directory: ``report.md`` (``text``) and ``results.json`` (``doc``), each written atomically; the
+    report printed. Exit status 0."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_text(out / "report.md", text)
+    write(doc, out / "results.json")
+    print(text)
+    return 0
 
 
 def emit(table: str, make_document: Callable[[], dict], out: str | Path | None) -> int:

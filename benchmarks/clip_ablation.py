@@ -27,16 +27,14 @@ import argparse
 import dataclasses
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from benchmarks.bench_output import document, write
+from benchmarks.bench_output import document, write_dir
 from benchmarks.schema import add_metric, metric
 from benchmarks.stage_defenses import defended_utility, median_clip, split_taps, utility_sequences
-from splitinfer.atomic import write_text
 from splitinfer.defenses import DefensePipeline
 from splitinfer.defenses.base import DefenseError
 from splitinfer.defenses.noise import Noise, clip_rows
@@ -168,13 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             "sequences": args.sequences, "positions": rows[0]["positions"], "train_tokens": args.train_tokens,
             "test_tokens": args.test_tokens, "git": f"{git}{' (dirty)' if dirty else ''}",
             "wall_s": time.perf_counter() - t0, "rows": rows}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    text = report(data)
-    write_text(out / "report.md", text)
-    write(to_document(data), out / "results.json")
-    print(text)
-    return 0
+    return write_dir(args.out, report(data), to_document(data))
 
 
 if __name__ == "__main__":

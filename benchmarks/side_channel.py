@@ -29,16 +29,14 @@ from __future__ import annotations
 import argparse
 import logging
 import time
-from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
 from attacks.side_channel import FEATURE_SETS, cross_validated, session_features
-from benchmarks.bench_output import document, write
+from benchmarks.bench_output import document, write_dir
 from benchmarks.prompts import humaneval_prompts
 from benchmarks.schema import add_metric, metric
-from splitinfer.atomic import write_text
 from splitinfer.client import SplitModel
 from splitinfer.protocol import decode_frame
 
@@ -193,13 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     data = {"model": loaded.spec, "model_sha256": loaded.sha256, "split": args.split, "decoding": args.decoding,
             "tokens": args.tokens, "per_class": args.per_class, "seed": args.seed, "folds": 5,
             "git": f"{git}{' (dirty)' if dirty else ''}", "wall_s": time.perf_counter() - t0, "tasks": rows}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    text = report(data)
-    write_text(out / "report.md", text)
-    write(to_document(data), out / "results.json")
-    print(text)
-    return 0
+    return write_dir(args.out, report(data), to_document(data))
 
 
 if __name__ == "__main__":
