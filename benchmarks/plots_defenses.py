@@ -15,6 +15,13 @@ def error_bars(rows: list[dict]) -> tuple[list[float], list[float]]:
     return below, above
 
 
+def draw_order(rows: list[dict]) -> list[str]:
+    """Families in the order they are drawn: first appearance, the undefended point (`none`) last, so that a
+    defense that sits on it (permute, at 100% agreement and 100% recovery) cannot hide it."""
+    families = list(dict.fromkeys(r["family"] for r in rows))
+    return [f for f in families if f != "none"] + [f for f in families if f == "none"]
+
+
 def plot_frontier(rows: list[dict], out: Path, depth: int) -> Path | None:
     """One panel: x = next-token agreement, y = best recovery top-1 (CI bars); marker size = tok/s at 80 ms."""
     if not rows:
@@ -26,12 +33,13 @@ def plot_frontier(rows: list[dict], out: Path, depth: int) -> Path | None:
 
     fig, ax = plt.subplots(figsize=(6.4, 4.6))
     top = max(r["modelled_tok_s_80ms"] for r in rows) or 1.0
-    for fam in dict.fromkeys(r["family"] for r in rows):
+    for fam in draw_order(rows):
         pts = sorted((r for r in rows if r["family"] == fam), key=lambda r: r["next_token_agreement"])
         x = [100 * r["next_token_agreement"] for r in pts]
         y = [100 * r["best"]["top1"]["value"] for r in pts]
         lo, hi = error_bars(pts)
-        style = dict(marker="*", color="black", linestyle="none") if fam == "none" else dict(marker="o")
+        style = (dict(marker="*", markersize=13, color="black", linestyle="none", zorder=5) if fam == "none"
+                 else dict(marker="o"))
         ax.errorbar(x, y, yerr=[lo, hi], label="undefended" if fam == "none" else fam, capsize=3, **style)
         ax.scatter(x, y, s=[20 + 180 * r["modelled_tok_s_80ms"] / top for r in pts], alpha=0.3,
                    color="black" if fam == "none" else None)

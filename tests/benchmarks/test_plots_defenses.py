@@ -1,10 +1,10 @@
-"""benchmarks.plots_defenses: the frontier plot's interval bars."""
+"""benchmarks.plots_defenses: the frontier plot's interval bars and drawing order."""
 
 from pathlib import Path
 
 import pytest
 
-from benchmarks.plots_defenses import error_bars, plot_frontier
+from benchmarks.plots_defenses import draw_order, error_bars, plot_frontier
 
 
 def _row(value, lo, hi, family="noise") -> dict:
@@ -22,3 +22,11 @@ def test_the_plot_is_written(tmp_path: Path) -> None:
     rows = [_row(1.0, 0.8, 1.0, "none"), _row(0.125, 0.0, 0.25)]
     assert plot_frontier(rows, tmp_path / "f.png", 2).stat().st_size > 1000
     assert plot_frontier([], tmp_path / "g.png", 2) is None
+
+
+def test_the_undefended_point_is_drawn_last() -> None:
+    """The full grid's permute rows sit at (100, 100), on the undefended point, and were drawn over it (the grid's
+    rows come `none` first): `none` goes last, so its marker stays visible."""
+    rows = [_row(1.0, 0.9, 1.0, "none"), _row(0.5, 0.4, 0.6, "noise"), _row(1.0, 0.9, 1.0, "permute")]
+    assert draw_order(rows) == ["noise", "permute", "none"]
+    assert draw_order([_row(0.5, 0.4, 0.6, "quant")]) == ["quant"]
