@@ -196,16 +196,17 @@ def _cost(loaded, depth: int, tail: int, pipe: DefensePipeline, cfg: dict, refer
     prompts = [PROMPTS[c][0] for c in cfg.get("categories", ["conversational"])]
     tokens = int(cfg.get("tokens", 24))
     sm = SplitModel(loaded, f"{depth},{tail}", defense=pipe)
+    chat = bool(getattr(loaded.tokenizer, "chat_template", None))  # a base model (gemma3-270m's GGUF) has none
     share, bytes_step = [], []
     for p in prompts:
-        res = sm.generate(p, tokens, chat=True)
-        ref = reference.setdefault((depth, p), SplitModel(loaded, f"{depth},{tail}").generate(p, tokens, chat=True))
+        res = sm.generate(p, tokens, chat=chat)
+        ref = reference.setdefault((depth, p), SplitModel(loaded, f"{depth},{tail}").generate(p, tokens, chat=chat))
         same = next((i for i, (a, b) in enumerate(zip(res.token_ids, ref.token_ids)) if a != b),
                     min(len(res.token_ids), len(ref.token_ids)))
         share.append(same / max(1, len(ref.token_ids)))
         bytes_step.append(res.decoding_summary()["bytes_per_step"])
     opts = dict(cfg.get("decoding_options", {}).get("combined", {}))
-    comb = [sm.generate(p, tokens, chat=True, decoding="combined", decoding_options=opts) for p in prompts]
+    comb = [sm.generate(p, tokens, chat=chat, decoding="combined", decoding_options=opts) for p in prompts]
     steps = [s for r in comb for s in r.steps[1:]]
     model = fit([s for r in comb for s in r.steps], 0.0, None).project(80.0, 100.0)
     return {"greedy_identity": float(np.mean(share)), "greedy_prompts": len(prompts),

@@ -252,3 +252,16 @@ def test_the_fitted_attacker_runs_in_the_stage_by_name(cfg: dict, monkeypatch: p
         assert row["adapter_fitted"] is not pipe.is_none  # the fit's record reaches the results
         if pipe.is_none:
             assert row["metrics"]["token_acc_top1"]["value"] == 1.0  # the public head is the victim's
+
+
+def test_a_model_without_a_chat_template_gets_its_cost_measured_on_plain_prompts() -> None:
+    """Regression: the cost columns always asked for the chat template, so the stage stopped ("has no chat
+    template; drop --chat") on gemma3-270m's GGUF, a model without one. Without a template the prompts go in
+    plain, as `generate` without --chat does."""
+    from benchmarks.stage_defenses import _cost
+    from splitinfer.defenses import DefensePipeline
+
+    tiny = load_model("tiny-random")
+    tiny.tokenizer.chat_template = None
+    row = _cost(tiny, 1, 1, DefensePipeline.parse("none"), {"tokens": 4}, {})
+    assert row["greedy_identity"] == 1.0 and row["bytes_per_step"] > 0
