@@ -52,7 +52,7 @@ def run_exactness(loaded: LoadedModel, splits=SPLITS, prompts=PROMPTS, n_tokens:
                   wires=("fp32", "fp16"), chat: bool | None = None) -> list[dict]:
     """Rows of :func:`compare` per (prompt, split, wire); ``chat=None`` uses the template if there is one."""
     if chat is None:
-        chat = bool(getattr(loaded.tokenizer, "chat_template", None))
+        chat = loaded.has_chat_template
     rows = []
     models = {(s, w): SplitModel(loaded, s, wire_dtype=w) for s in splits for w in wires}
     for prompt in tqdm(prompts, desc="exactness prompts", unit="prompt"):

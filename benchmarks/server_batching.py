@@ -79,7 +79,7 @@ def record(loaded: LoadedModel, split: SplitConfig, n_tokens: int, wire: str) ->
     link = RecordingLink(BodyService(body, body_info(loaded.spec, split, body, loaded.hidden_size,
                                                      loaded.num_layers)))
     sm = SplitModel(loaded, split, cloud=link, wire_dtype=wire)
-    chat = bool(getattr(loaded.tokenizer, "chat_template", None))
+    chat = loaded.has_chat_template
     recordings = []
     for prompt in PROMPTS:
         link.frames.clear()

@@ -124,7 +124,7 @@ def run_speed(
     resident memory (:mod:`benchmarks.memory`): the cloud side's peak memory on its own.
     """
     sm0 = SplitModel(loaded, split, wire_dtype=wire)
-    prompt_ids = sm0.encode_prompt(prompt, chat=bool(getattr(loaded.tokenizer, "chat_template", None)))
+    prompt_ids = sm0.encode_prompt(prompt, chat=loaded.has_chat_template)
     sm0.generate(prompt_ids, 8, stop_on_eos=False)  # warm-up (page in weights, allocator)
     own = own_unsplit_ms_per_token(sm0, prompt_ids, n_tokens)
     t_hf = unsplit_ms_per_token(loaded, prompt_ids, n_tokens)

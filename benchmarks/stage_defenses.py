@@ -196,7 +196,7 @@ def _cost(loaded, depth: int, tail: int, pipe: DefensePipeline, cfg: dict, refer
     prompts = [PROMPTS[c][0] for c in cfg.get("categories", ["conversational"])]
     tokens = int(cfg.get("tokens", 24))
     sm = SplitModel(loaded, f"{depth},{tail}", defense=pipe)
-    chat = bool(getattr(loaded.tokenizer, "chat_template", None))  # a base model (gemma3-270m's GGUF) has none
+    chat = loaded.has_chat_template
     share, bytes_step = [], []
     for p in prompts:
         res = sm.generate(p, tokens, chat=chat)

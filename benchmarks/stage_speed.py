@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 
 def _prompt_ids(sm: SplitModel, prompt: str) -> list[int]:
-    return sm.encode_prompt(prompt, chat=bool(getattr(sm.loaded.tokenizer, "chat_template", None)))
+    return sm.encode_prompt(prompt, chat=sm.loaded.has_chat_template)
 
 
 def stage_exactness(loaded: LoadedModel, cfg: dict, results: dict) -> list[dict]:

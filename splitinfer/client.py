@@ -175,7 +175,7 @@ class SplitModel:
         if isinstance(prompt, list):
             ids = [int(i) for i in prompt]
         elif chat:
-            if not getattr(tok, "chat_template", None):
+            if not self.loaded.has_chat_template:
                 raise SplitInferError(f"model {self.loaded.spec!r} has no chat template; drop --chat")
             ids = tok.apply_chat_template(
                 [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False

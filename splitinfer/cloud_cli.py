@@ -117,7 +117,7 @@ def cmd_chat(args) -> int:
     model, link, cloud = ModelFlags.from_args(args), LinkFlags.from_args(args), CloudFlags.from_args(args)
     loaded = model.load()
     tok = loaded.tokenizer
-    if not getattr(tok, "chat_template", None):
+    if not loaded.has_chat_template:
         raise SplitInferError(f"model {model.model!r} has no chat template; use `splitinfer generate` instead")
     wan = link.wan(seed=model.seed)
     sm = SplitModel(loaded, args.split, cloud=cloud.link(wan), wan=wan, wire_dtype=link.wire_dtype)

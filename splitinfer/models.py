@@ -65,6 +65,11 @@ class LoadedModel:
     def hidden_size(self) -> int:
         return self.model.config.hidden_size
 
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether prompts can be wrapped in the tokenizer's chat template (a base model's GGUF has none)."""
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
 
 def weights_sha256(model: torch.nn.Module) -> str:
     """sha256 over the model's parameters and persistent buffers, in name order.
