@@ -106,3 +106,9 @@ def show_cloud(attack, loaded, pipeline: DefensePipeline, depth: int) -> None:
     if pipeline.needs_cloud_weights and hasattr(attack, "observe_cloud"):
         attack.observe_cloud(cloud_body_layer(loaded, pipeline, depth), depth)
 
+
+
+def resent_taps(taps: Taps, pipeline: DefensePipeline, repeats: int, session0: int = 0) -> list[Taps]:
+    """The same sequences released ``repeats`` times under ``pipeline``, each time in fresh sessions (new draws)."""
+    stride = max(1, len(taps))
+    return [defend_taps(taps, pipeline, session0 + i * stride) for i in range(repeats)]
