@@ -48,6 +48,7 @@ class RelaxedInversion(InversionAttack):
     boundary_side = "head"
     scoring = "prefixes"  # seconds per token: scored on sequence prefixes like vocab-match
     adaptive = True
+    refuses = ("permute", "random-split")  # the defenses stage does not run it there
     defaults = {"defense": "none", "steps": 200, "lr": 0.1, "tau": 1.0, "init": "zeros"}
 
     def __init__(self, **kwargs: Any):
