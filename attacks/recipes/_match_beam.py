@@ -7,7 +7,7 @@ position scores the same candidate set under each of ``width`` surviving prefixe
 forward of the local layers per ``max_batch`` (beam, candidate) rows on a KV cache holding every beam's
 prefix (:class:`BeamCache`), and keeps the ``width`` best (beam, candidate) pairs by summed
 log-likelihood, plus ``lam`` x the public model's log-probability when a language-model prior is given
-(BeamClean, Kaplan et al., arXiv 2505.13758: beam decoding of noised embeddings with the public model as
+(BeamClean, Kale et al., arXiv 2505.13758: beam decoding of noised embeddings with the public model as
 prior). Every position is searched alike: there is no "missed" state.
 
 :func:`beam_match` is the pure search; the model-facing parts are passed in (``forward`` runs candidate

@@ -1,7 +1,7 @@
 """Language-model-prior decoding of noised states (``lm-prior-match``): matching evidence + the public model as a
 prior over the whole sequence, with the noise scale estimated from the states themselves.
 
-BeamClean (Kaplan et al., arXiv 2505.13758) inverts noised input embeddings by beam search that combines each
+BeamClean (Kale et al., arXiv 2505.13758) inverts noised input embeddings by beam search that combines each
 candidate's likelihood under the noise with the public language model's next-token probability; BiSR (Chen et
 al., CCS 2024, arXiv 2409.00960) refines inversions with the public model's own language modelling and trains
 noise-adaptive experts. Here, per position t and beam prefix x_<t, a candidate v scores
