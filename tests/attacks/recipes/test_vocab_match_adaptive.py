@@ -93,14 +93,8 @@ def test_clipping_alone_is_matched_exactly_whatever_the_candidate_cap(tiny, taps
 
 def _victim_top1(tiny, spec, taps, **hp):
     """Top-1 of vocab-match-adaptive on two sequences of a victim under ``spec`` (model defenses: its own head)."""
-    from attacks.defended import as_public, victim_model
-
     pipe = DefensePipeline.parse(spec)
-    test = taps
-    if pipe.model_items:
-        from tests.attacks.recipes.test_vocab_match_adaptive import _victim_taps
-
-        test = _victim_taps(tiny, pipe, taps)
+    test = _victim_taps(tiny, pipe, taps) if pipe.model_items else taps
     test = defend_taps(test.select_sequences(range(2)), pipe)
     atk = make_attack("vocab-match-adaptive", model=tiny, defense=pipe.shareable_label, proposer_tokens=2000,
                       random_tokens=512, **hp).fit(defend_taps(taps, attacker_view(pipe)))
@@ -112,7 +106,7 @@ def _victim_taps(tiny, pipe, taps):
     """The victim's own head states of the taps' token sequences (its private local layers)."""
     import numpy as np
 
-    from attacks.defended import as_public, victim_model
+    from attacks.defended import victim_model
     from attacks.tapdata import Taps
     from attacks.taps import TruncatedForward
 
