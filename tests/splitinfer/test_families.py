@@ -24,7 +24,7 @@ from attacks.registry import make_attack
 from attacks.taps import extract_depths
 from splitinfer import families
 from splitinfer.client import SplitModel
-from splitinfer.defenses.lora_random import with_head_layers
+from splitinfer.defenses.lora_random import TARGETS, with_head_layers
 from splitinfer.errors import SplitInferError
 from splitinfer.kv_cache import PartKVCache
 from splitinfer.models import LoadedModel, load_model, tiny_tokenizer, weights_sha256
@@ -64,9 +64,9 @@ CONFIGS: dict[str, dict] = {
 }
 REFUSED_CONFIGS: dict[str, dict] = {"gpt_neox": {}, "falcon": {}, "gpt2": {"n_embd": 64, "n_layer": 4, "n_head": 4},
                                     "llama4_text": {"attention_chunk_size": 8}}
-PROMPT = "the cat sat on the mat. the cat sat"  # 35 byte tokens: many windows of 4
+PROMPT = "the cat sat on the mat. the"  # 27 byte tokens: many windows of 4
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Call Ann Lee at 555-0199 about invoice 42.",
-         "def f(x):\n    return x * 2\n", "user: hello\nassistant: hi there!", "Zebras zig-zag; quartz vex."]
+         "def f(x):\n    return x * 2\n"]
 SPLIT = "1,1"  # 4 layers: head 1, body 2, tail 1 (alternating layer types reach both sides)
 
 
@@ -120,13 +120,13 @@ def assert_exact(res, tokens, logits):
 
 def test_split_decoding_equals_unsplit_sequential_and_speculative(fam):
     name, loaded, pristine, ids = fam
-    ref_tokens, ref_logits = hf_greedy(pristine, ids, 16)
+    ref_tokens, ref_logits = hf_greedy(pristine, ids, 12)
     sm = SplitModel(loaded, SPLIT, wire_dtype="fp32")
-    seq = sm.generate(ids, 16, record_logits=True, stop_on_eos=False)
+    seq = sm.generate(ids, 12, record_logits=True, stop_on_eos=False)
     assert_exact(seq, ref_tokens, ref_logits)
     # a 5-deep draft of the right continuation with a wrong sibling first at every depth: the body keeps
     # the non-contiguous accepted path (nodes 1, 3, 5, ...) and drops the rest
-    spec = sm.generate(ids, 16, record_logits=True, stop_on_eos=False,
+    spec = sm.generate(ids, 12, record_logits=True, stop_on_eos=False,
                        decoding=Oracle(ref_tokens, len(ids), 5, vocab=loaded.config.vocab_size))
     assert_exact(spec, ref_tokens, ref_logits)
     assert len(spec.steps) < len(seq.steps) and sum(s.draft_accepted for s in spec.steps) > 0
@@ -145,7 +145,7 @@ def test_tree_commit_and_crop_leave_the_caches_of_a_chain(fam):
     n = len(ids)
     chain_caches = [PartKVCache() for _ in range(3)]
     chain = run_parts(parts, chain_caches, ids + [70, 71, 72], list(range(n + 3)))  # (n + 3, V)
-    # prefix, then a tree: [5?] no: root 70 with branches [99, 98] and [71, 72]; keep 70, 71, 72
+    # the prompt, then a tree: root 70 with branches [99, 98] and [71, 72]; commit 70, 71, 72 (nodes 0, 3, 4)
     caches = [PartKVCache() for _ in range(3)]
     run_parts(parts, caches, ids, list(range(n)))
     tree = run_parts(parts, caches, [70, 99, 98, 71, 72], [n, n + 1, n + 2, n + 1, n + 2], [-1, 0, 1, 0, 3])
@@ -179,7 +179,7 @@ def test_taps_are_the_models_hidden_states_and_vocab_match_inverts_them(fam, cor
     for boundary, depth in (("head:1", 1), ("head:2", 2)):
         t = taps[boundary]
         start = 0
-        for length in t.seq_lengths[:3]:
+        for length in t.seq_lengths[:2]:
             ids = torch.as_tensor(t.token_ids[start: start + length])[None]  # (1, T)
             with torch.no_grad():
                 want = pristine(ids, output_hidden_states=True).hidden_states[depth][0]  # (T, d)
@@ -188,15 +188,21 @@ def test_taps_are_the_models_hidden_states_and_vocab_match_inverts_them(fam, cor
             start += int(length)
     t = taps["head:1"]
     n = len(t)
-    train, test = t.select_sequences(range(n // 2)), t.select_sequences(range(n - 2, n)).truncate(10)
+    train, test = t.select_sequences(range(n - 1)), t.select_sequences([n - 1]).truncate(12)
     # exact white-box inversion, every candidate in one batch (no proposer, no gradient search: faster here)
     inv = make_attack("vocab-match", model=loaded, proposer="none", grad_steps=0, batch_sizes=[512]).fit(
         train).invert(test)
     assert float((inv.tokens == test.token_ids).mean()) == 1.0
 
 
+ROUTERS = {"gate", "shared_expert_gate"}  # MoE routing scores, left as they are
+
+
 def test_lora_random_defense_reaches_the_head_and_stays_exact(fam):
     _, loaded, _, ids = fam
+    linear = {n.rpartition(".")[2] for n, m in loaded.model.model.layers[0].named_modules()
+              if isinstance(m, torch.nn.Linear)}
+    assert linear - set(TARGETS) <= ROUTERS, "the defense would leave these linear maps of the head unperturbed"
     sm = SplitModel(loaded, SPLIT, wire_dtype="fp32", defense="lora-random",
                     defense_options={"lora-random.scale": 0.2})
     public = LocalHead(loaded.model, SplitConfig.parse(SPLIT))
@@ -204,8 +210,8 @@ def test_lora_random_defense_reaches_the_head_and_stays_exact(fam):
     moved = (sm.head(x, pos, PartKVCache()) - public(x, pos, PartKVCache()))[0].norm(dim=-1)  # (T,)
     assert bool((moved > 1e-3).all())
     private = with_head_layers(loaded.model, list(sm.head.layers))
-    tokens, logits = hf_greedy(private, ids, 8)
-    assert_exact(sm.generate(ids, 8, record_logits=True, stop_on_eos=False), tokens, logits)
+    tokens, logits = hf_greedy(private, ids, 6)
+    assert_exact(sm.generate(ids, 6, record_logits=True, stop_on_eos=False), tokens, logits)
 
 
 # ---------------------------------------------------------------------------- refusals
