@@ -78,21 +78,26 @@ def family(config) -> str:
     return str(getattr(config, "model_type", None) or type(config).__name__)
 
 
-def missing(model: nn.Module) -> str | None:
-    """What the runtime lacks to split ``model`` exactly (one clause), or None when it can."""
-    config = model.config
+def missing_in_config(config) -> str | None:
+    """What the runtime lacks for the family of ``config`` (one clause), or None; readable before any weight loads."""
     name = family(config)
     if name in REFUSED:
         return REFUSED[name]
-    base = getattr(model, "model", None)
-    parts = ("embed_tokens", "layers", "norm", "rotary_emb")
-    if base is None or not all(hasattr(base, p) for p in parts) or not hasattr(model, "lm_head"):
-        return ("its modules are not laid out as model.embed_tokens / layers / norm / rotary_emb plus lm_head, "
-                "which is all the runtime maps")
     odd = sorted(set(getattr(config, "layer_types", None) or ()) - LAYER_TYPES)
     if odd:
         return f"its {', '.join(odd)} layers need masks the runtime does not build (it builds causal and sliding)"
     return None
+
+
+def missing(model: nn.Module) -> str | None:
+    """What the runtime lacks to split ``model`` exactly (one clause), or None when it can."""
+    base = getattr(model, "model", None)
+    parts = ("embed_tokens", "layers", "norm", "rotary_emb")
+    if base is None or not all(hasattr(base, p) for p in parts) or not hasattr(model, "lm_head"):
+        return missing_in_config(model.config) or (
+            "its modules are not laid out as model.embed_tokens / layers / norm / rotary_emb plus lm_head, "
+            "which is all the runtime maps")
+    return missing_in_config(model.config)
 
 
 def check(model: nn.Module) -> None:
@@ -101,10 +106,18 @@ def check(model: nn.Module) -> None:
     An untested family that passes the structural checks is refused as well, unless the environment
     sets ``SPLITINFER_ALLOW_UNTESTED=1``, which turns the refusal into a warning.
     """
-    name = family(model.config)
-    reason = missing(model)
+    _verdict(model.config, missing(model), type(model).__name__)
+
+
+def check_config(config) -> None:
+    """:func:`check` on a config alone, before any weight is loaded (the module layout is checked later)."""
+    _verdict(config, missing_in_config(config), type(config).__name__.removesuffix("Config"))
+
+
+def _verdict(config, reason: str | None, what: str) -> None:
+    name = family(config)
     if reason is not None:
-        raise SplitInferError(f"cannot split model family {name!r} ({type(model).__name__}): {reason}; "
+        raise SplitInferError(f"cannot split model family {name!r} ({what}): {reason}; "
                               f"the tested families are listed in docs/models.md")
     if name in TESTED:
         return
@@ -112,7 +125,7 @@ def check(model: nn.Module) -> None:
         log.warning("model family %r is untested: split results may differ from the unsplit model "
                     "(%s=1 is set); check split == unsplit before citing any figure", name, ALLOW_ENV)
         return
-    raise SplitInferError(f"model family {name!r} ({type(model).__name__}) is untested with the split runtime, "
+    raise SplitInferError(f"model family {name!r} ({what}) is untested with the split runtime, "
                           f"which may run it wrongly; add it to splitinfer.families.TESTED with a tiny config in "
                           f"tests/splitinfer/test_families.py, or set {ALLOW_ENV}=1 to run it at your own risk")
 

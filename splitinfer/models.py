@@ -275,7 +275,9 @@ def _from_dir(path: Path | str, dtype: torch.dtype, device: str, gguf_file: str 
 
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     tok = AutoTokenizer.from_pretrained(path, **kwargs)
-    attn = families.attn_implementation(AutoConfig.from_pretrained(path, **kwargs))
+    config = AutoConfig.from_pretrained(path, **kwargs)
+    families.check_config(config)  # refuse before the weights load
+    attn = families.attn_implementation(config)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn, **kwargs)
     return model.to(device).eval(), tok
 
