@@ -24,7 +24,7 @@ from attacks.registry import make_attack
 from attacks.taps import extract_depths
 from splitinfer import families
 from splitinfer.client import SplitModel
-from splitinfer.defenses.lora_random import TARGETS, with_head_layers
+from splitinfer.defenses.lora_random import with_head_layers
 from splitinfer.errors import SplitInferError
 from splitinfer.kv_cache import PartKVCache
 from splitinfer.models import LoadedModel, load_model, tiny_tokenizer, weights_sha256
@@ -200,11 +200,12 @@ ROUTERS = {"gate", "shared_expert_gate"}  # MoE routing scores, left as they are
 
 def test_lora_random_defense_reaches_the_head_and_stays_exact(fam):
     _, loaded, _, ids = fam
-    linear = {n.rpartition(".")[2] for n, m in loaded.model.model.layers[0].named_modules()
-              if isinstance(m, torch.nn.Linear)}
-    assert linear - set(TARGETS) <= ROUTERS, "the defense would leave these linear maps of the head unperturbed"
     sm = SplitModel(loaded, SPLIT, wire_dtype="fp32", defense="lora-random",
                     defense_options={"lora-random.scale": 0.2})
+    private = dict(sm.head.layers[0].named_modules())
+    untouched = {n for n, m in loaded.model.model.layers[0].named_modules() if isinstance(m, torch.nn.Linear)
+                 and n.rpartition(".")[2] not in ROUTERS and torch.equal(m.weight, private[n].weight)}
+    assert not untouched, f"lora-random leaves these linear maps of the head as published: {sorted(untouched)}"
     public = LocalHead(loaded.model, SplitConfig.parse(SPLIT))
     x, pos = torch.tensor([ids]), torch.arange(len(ids))
     moved = (sm.head(x, pos, PartKVCache()) - public(x, pos, PartKVCache()))[0].norm(dim=-1)  # (T,)
