@@ -34,6 +34,7 @@ from splitinfer.errors import SplitInferError
 log = logging.getLogger(__name__)
 
 ALLOW_ENV = "SPLITINFER_ALLOW_UNTESTED"
+_WARNED: set[str] = set()  # untested families already warned about in this process
 LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
 
 # model_type -> what users call it (the test file builds each one; docs/models.md lists them)
@@ -58,6 +59,7 @@ TESTED: dict[str, str] = {
     "smollm3": "SmolLM3 (NoPE layers)",
     "exaone4": "EXAONE 4 (sliding layers, post-norm)",
     "glm4": "GLM-4 (partial rotary, extra norms)",
+    "gpt_oss": "gpt-oss (attention sinks, eager attention, MoE)",
 }
 
 # model_type -> what the runtime lacks (one clause; the refusal names the family around it)
@@ -122,6 +124,9 @@ def _verdict(config, reason: str | None, what: str) -> None:
     if name in TESTED:
         return
     if os.environ.get(ALLOW_ENV) == "1":
+        if name in _WARNED:
+            return
+        _WARNED.add(name)
         log.warning("model family %r is untested: split results may differ from the unsplit model "
                     "(%s=1 is set); check split == unsplit before citing any figure", name, ALLOW_ENV)
         return

@@ -61,6 +61,8 @@ CONFIGS: dict[str, dict] = {
     "smollm3": {"no_rope_layers": [1, 0, 1, 0]},
     "exaone4": {"sliding_window": WINDOW, "sliding_window_pattern": 2},
     "glm4": {"partial_rotary_factor": 0.5},
+    "gpt_oss": {"num_local_experts": 4, "num_experts_per_tok": 2, "head_dim": 16, "sliding_window": WINDOW,
+                "layer_types": ["sliding_attention", "full_attention"] * 2},
 }
 REFUSED_CONFIGS: dict[str, dict] = {"gpt_neox": {}, "falcon": {}, "gpt2": {"n_embd": 64, "n_layer": 4, "n_head": 4},
                                     "llama4_text": {"attention_chunk_size": 8}}
