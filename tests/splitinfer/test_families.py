@@ -5,7 +5,7 @@ windows of 4 tokens so that sliding layers matter): split generation equals tran
 ``generate`` on an untouched copy of the model (tokens identical, logits within 1e-4) for sequential
 decoding and for a token-tree draft with rejected siblings (KV commit of a non-contiguous path); a
 tree step, a commit and a crop leave the caches as a plain chain leaves them; taps equal the model's
-own hidden states; white-box vocabulary matching recovers every token; the lora-random defense
+own hidden states; white-box vocabulary matching (its proposer fitted on the taps) recovers every token; the lora-random defense
 reaches the family's head layers and stays exact against the unsplit model with those layers. Then
 the refusals: families the runtime cannot split are refused at load in one line.
 """
@@ -191,10 +191,13 @@ def test_taps_are_the_models_hidden_states_and_vocab_match_inverts_them(fam, cor
     t = taps["head:1"]
     n = len(t)
     train, test = t.select_sequences(range(n - 1)), t.select_sequences([n - 1]).truncate(12)
-    # exact white-box inversion, every candidate in one batch (no proposer, no gradient search: faster here)
-    inv = make_attack("vocab-match", model=loaded, proposer="none", grad_steps=0, batch_sizes=[512]).fit(
-        train).invert(test)
+    # exact white-box inversion; fit trains its linear-embed proposer (ranking candidates) on the train taps plus
+    # 512 random-token states of this model (not 8192: faster here); no gradient search
+    attack = make_attack("vocab-match", model=loaded, random_tokens=512, grad_steps=0).fit(train)
+    assert attack.proposer is not None
+    inv = attack.invert(test)
     assert float((inv.tokens == test.token_ids).mean()) == 1.0
+    assert inv.info["mean_candidates"] < loaded.config.vocab_size  # the fitted ranking beats a full scan
 
 
 ROUTERS = {"gate", "shared_expert_gate"}  # MoE routing scores, left as they are
