@@ -29,6 +29,7 @@ from splitinfer.errors import SplitInferError
 from splitinfer.kv_cache import PartKVCache
 from splitinfer.models import LoadedModel, load_model, tiny_tokenizer, weights_sha256
 from splitinfer.partition import LocalHead, SplitConfig, split_model
+from splitinfer.tokens import encode_text
 from tests.splitinfer.decoding.test_exactness import Oracle
 
 WINDOW = 4
@@ -102,8 +103,7 @@ def fam(request):
     name = request.param
     model, pristine = build(name), build(name)
     loaded = LoadedModel(model, tiny_tokenizer(), f"tiny-{name}", weights_sha256(model), None)
-    ids = SplitModel(loaded, SPLIT, wire_dtype="fp32").encode_prompt(PROMPT)
-    return name, loaded, pristine, ids
+    return name, loaded, pristine, encode_text(loaded.tokenizer, PROMPT).ids
 
 
 def hf_greedy(model, ids: list[int], n: int):
