@@ -8,7 +8,8 @@ and masks, so it is right for a family only when everything the family's ``*Mode
   ``embedding_multiplier`` in ``forward``: :func:`prepare` moves that factor into the embedding
   module, so the head, the taps and the attacks all embed as the model does);
 - the attention masks: causal and sliding-window layers only (``chunked_attention``, Llama 4's, is
-  refused); eager attention takes an additive mask (:func:`splitinfer.kv_cache.attention_mask`);
+  refused); eager attention (Gemma 2's soft-capping, gpt-oss's sinks) takes an additive mask
+  (:func:`splitinfer.kv_cache.additive_mask`), and loading picks it (:func:`attn_implementation`);
 - the logits: soft-capping (Gemma 2/3), ``logit_scale`` (Cohere), ``logits_scaling`` (Granite),
   applied by :func:`scale_logits`.
 
@@ -17,8 +18,8 @@ Every family in :data:`TESTED` is built as a tiny random model in
 logits within the float floor) for sequential and speculative decoding, KV commit and crop, tap
 extraction, an attacker fit and a defense. A family in :data:`REFUSED` is known to be split wrongly
 or not at all; any other family is untested and refused too, unless ``SPLITINFER_ALLOW_UNTESTED=1``
-(then a warning), because three of the structurally compatible families we tried (Cohere, Granite,
-Gemma 2) ran wrong without an error before this module existed.
+(then a warning), because five of the structurally compatible families we tried (Cohere, Cohere2,
+Granite, Gemma 2, gpt-oss) ran wrong without an error before this module existed.
 """
 
 from __future__ import annotations
