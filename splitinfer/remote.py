@@ -219,6 +219,9 @@ class RemoteBody:
         try:
             require_finite(out, "the cloud's hidden states")
         except ProtocolError as e:
+            if hidden.dtype == torch.float16:  # a finite state beyond fp16's 65,504 (Gemma's BOS state) becomes inf
+                raise CloudError(f"{e}: the model's states overflow the fp16 wire (65,504 at most; Gemma's reach "
+                                 "far beyond); use --wire-dtype bf16 or fp32") from None
             raise CloudError(str(e)) from None
         server = reply.fields.get("server_ms")
         if server is not None and (

