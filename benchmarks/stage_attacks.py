@@ -27,6 +27,7 @@ from attacks.registry import get_attack_class
 from benchmarks.attack_grid import ALIASES, GridConfig, Victim, depth_rows, extract, plan, run_job
 from benchmarks.attack_wire import record_traffic
 from benchmarks.schema import add_metric, metric
+from benchmarks.scored_set import ScoredSetConfig
 from benchmarks.shard import Shard
 from splitinfer.models import LoadedModel
 
@@ -52,8 +53,9 @@ def grid_config(cfg: dict, seed: int) -> GridConfig:
         head_depths=tuple(cfg.get("head_depths", [2])), tail_layers=tuple(cfg.get("tail_depths", [])), corpora=corpora,
         attacks=names, options=options, train_tokens=cfg.get("train_tokens", 20000) // len(corpora),
         val_tokens=cfg.get("val_tokens", 0) // len(corpora), test_tokens=cfg.get("test_tokens", 2000) // len(corpora),
-        max_length=cfg.get("max_length", 128), prefix_tokens=prefix, prefix_pii_tokens=prefix_pii,
-        wire_tokens=int(cfg.get("wire_tokens", 256)), seed=seed, victim=Victim(cfg.get("defense", "none")))
+        max_length=cfg.get("max_length", 128), max_doc_tokens=cfg.get("max_doc_tokens"), prefix_tokens=prefix, prefix_pii_tokens=prefix_pii,
+        wire_tokens=int(cfg.get("wire_tokens", 256)), seed=seed, victim=Victim(cfg.get("defense", "none")),
+        scored_set=ScoredSetConfig.from_suite(cfg))
 
 
 def _record(results: dict, run: str, metrics: dict) -> None:

@@ -17,13 +17,14 @@ def cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
     monkeypatch.setenv("SPLITINFER_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "docs.jsonl"
     path.write_text("\n".join(json.dumps({"doc_id": f"d{i}", "text": f"Note {i}: the fox jumps {i * 31} times."})
-                              for i in range(40)), encoding="utf-8")
+                              for i in range(120)), encoding="utf-8")
     return {"head_depths": [2], "tail_layers": 1, "corpora": [f"file:{path}"], "train_tokens": 600,
-            "test_tokens": 160, "max_length": 32, "utility_sequences": 2, "tokens": 6,
+            "test_tokens": 320, "max_length": 32, "utility_positions": 60, "greedy_prompts": 3, "tokens": 6,
+            "scored_set": {"user_tokens": 8, "docs_per_corpus": 8, "min_tokens": 48, "min_documents": 6},
             "defenses": ["none", "noise(sigma=0.5)", "quant(format=int8)", "lora-random(rank=2,scale=0.5)",
                          "random-split(depths=1,4)"],
             "attackers": ["vocab-match-adaptive"], "overhead": ["quant(format=int8)"],
-            "options": {"vocab-match-adaptive": {"scored_tokens": 16, "random_tokens": 128, "max_candidates": 64,
+            "options": {"vocab-match-adaptive": {"random_tokens": 128, "max_candidates": None, "grad_steps": 5,
                                                  "batch_sizes": [64]}}}
 
 
@@ -46,6 +47,13 @@ def test_stage_grid(cfg: dict, tmp_path: Path) -> None:
     assert noise["best"]["top1"]["value"] < none["best"]["top1"]["value"]
     assert rows["quant"]["best"]["threat_model"] == "white-box (exact), adaptive"
     assert rows["lora-random"]["best"]["threat_model"] == "shadow, adaptive"
+    for r in out["rows"]:  # issue 28 findings 1 and 5: the cell's one scored set, utility sizes and intervals
+        assert r["scored_set"]["tokens"] == r["best"]["top1"]["n"] >= 48 and r["scored_set"]["documents"] >= 6
+        iv = r["intervals"]
+        assert iv["next_token_agreement"]["n"] == r["positions"] >= 60 and r["greedy_prompts"] == 3
+        assert iv["greedy_identity"]["n"] == iv["answer_token_f1"]["n"] == 3 and "answer_perplexity" in iv
+        assert iv["perplexity"]["ci_low"] <= r["perplexity"] <= iv["perplexity"]["ci_high"]
+    assert none["vs_undefended"]["value"] == 0.0 and noise["vs_undefended"]["value"] < 0  # paired over documents
     run = results["results"][f"defenses/head:2/{noise['defense']}"]
     assert {"recovery_top1", "next_token_agreement", "perplexity", "greedy_identity", "bytes_per_step",
             "tau_combined", "modelled_tok_s_80ms"} <= set(run)
@@ -101,13 +109,34 @@ def test_lora_private_is_shadow_and_paired_attackers_report_k(cfg: dict, tmp_pat
     assert 0 < by[("linear-probe+paired", 40)]["pairs_used"] <= 40
     assert private["best"]["attack"] in ("vocab-match-adaptive", "linear-probe")  # best: without deployment pairs
     vm, lp = by[("vocab-match-adaptive", None)], by[("linear-probe", None)]
-    assert lp["top1"]["n"] > vm["top1"]["n"] == lp["common_top1"]["n"] == vm["common_top1"]["n"]  # one scope
-    assert private["best"]["common_top1"]["value"] == max(vm["common_top1"]["value"], lp["common_top1"]["value"])
+    # issue 28 finding 3: every attacker on the same tokens, the cell's recovery the maximum over them
+    assert lp["top1"]["n"] == vm["top1"]["n"] == by[("linear-probe+paired", 40)]["top1"]["n"]
+    assert private["best"]["top1"]["value"] == max(vm["top1"]["value"], lp["top1"]["value"])
+    weaker = lp if private["best"]["attack"] == "vocab-match-adaptive" else vm
+    assert weaker["gap_to_best"]["value"] == private["best"]["top1"]["value"] - weaker["top1"]["value"]
     assert "defenses/head:2/lora-private(rank=2,steps=3)/linear-probe+paired/k=40" in results["results"]
     text = "\n".join(answers_section(out))
     assert "(e) " in text and "paired (known-plaintext pairs from the deployment): linear-probe k=0" in text
     assert "(a) Does a random LoRA" in text and "not measured in this suite" in text
     assert none["best"]["top1"]["value"] == 1.0
+
+
+def test_attack_rescore_reproduces_every_defense_row(cfg: dict, tmp_path: Path) -> None:
+    """Issue 28 finding 8: the stage writes every attacker's per-token predictions of every cell, and
+    `attack rescore` recomputes each row's metrics (value, interval, n) from them alone."""
+    from attacks.predictions import rescore_dir, write_all
+
+    results = {"config": {"seed": 0}, "results": {}}
+    out = stage_defenses(load_model("tiny-random"), {
+        **cfg, "defenses": ["none", "quant(format=int8)"], "overhead": [],
+        "attackers": ["vocab-match-adaptive", "linear-probe"],
+        "options": {**cfg["options"], "linear-probe": {"epochs": 1}}}, results)
+    (tmp_path / "results.json").write_text(json.dumps({"results": results["results"]}), encoding="utf-8")
+    write_all(out["predictions"], tmp_path)
+    checked = rescore_dir(tmp_path)
+    runs = {f"defenses/head:2/{r['defense']}/{x['attack']}" for r in out["rows"] for x in r["attackers"]}
+    assert {c["run"] for c in checked} == runs and len(runs) == 4
+    assert all(c["complete"] and not c["missing"] and not c["mismatches"] and c["metrics"] > 5 for c in checked)
 
 
 def test_defenses_table_scores_user_text_with_baselines(cfg: dict, tmp_path: Path) -> None:
@@ -218,7 +247,7 @@ def test_a_spec_the_model_cannot_run_stops_the_stage_before_any_work(monkeypatch
     import benchmarks.stage_defenses as sd
     from splitinfer.defenses import DefenseError
 
-    monkeypatch.setattr(sd, "split_taps", lambda *a, **k: pytest.fail("extracted taps before checking the specs"))
+    monkeypatch.setattr(sd, "grid_data", lambda *a, **k: pytest.fail("extracted taps before checking the specs"))
     with pytest.raises(DefenseError, match=r"\[defenses\] spec 'quant\(format=int4,group=6\)': quant: int4 needs"):
         stage_defenses(load_model("tiny-random"), {"defenses": ["none", "quant(format=int4,group=6)"]},
                        {"config": {"seed": 0}, "results": {}})
@@ -234,22 +263,23 @@ def test_the_fitted_attacker_runs_in_the_stage_by_name(cfg: dict, monkeypatch: p
     from splitinfer.defenses import DefensePipeline
 
     seen = []
-    score = stage.score
-    monkeypatch.setattr(stage, "score", lambda inv, *a, **k: (seen.append(inv.info), score(inv, *a, **k))[1])
+    score = stage.score_on_set
+    monkeypatch.setattr(stage, "score_on_set", lambda inv, *a, **k: (seen.append(inv.info), score(inv, *a, **k))[1])
     tiny = load_model("tiny-random")
     train, _ = split_taps(tiny, cfg, [2], "train", 300)
-    clean, rows = split_taps(tiny, cfg, [2], "test", 80)
-    opts = {"scored_tokens": 16, "random_tokens": 128, "max_candidates": 64, "batch_sizes": [64], "grad_steps": 0,
-            "fit_steps": 10}
+    clean, _ = split_taps(tiny, cfg, [2], "test", 80)
+    opts = {"random_tokens": 128, "max_candidates": 64, "batch_sizes": [64], "grad_steps": 0, "fit_steps": 10}
     for spec, label in (("none", "white-box (exact)"), ("lora-random(rank=2,scale=0.5)", "shadow, adaptive")):
         pipe = DefensePipeline.parse(spec)
         test = clean[2] if pipe.is_none else as_public(split_taps(victim_model(tiny, pipe, 2), cfg, [2], "test", 80)[0][2],
                                                        tiny)
-        (row,) = _attack(tiny, "vocab-match-fitted", opts, pipe, train[2], test, rows[2], 0, common=16)
+        preds: dict = {}
+        (row,) = _attack(tiny, "vocab-match-fitted", opts, pipe, train[2], test.truncate(8), 0, "run", preds)
         assert row["attack"] == "vocab-match-fitted" and row["threat_model"] == label and is_design_label(label)
         assert row["test_tokens"] > 0 and 0.0 <= row["metrics"]["token_acc_top1"]["value"] <= 1.0
-        assert seen.pop()["adapter_fitted"] is not pipe.is_none and not seen  # scored once: 16 tokens = common
+        assert seen.pop()["adapter_fitted"] is not pipe.is_none and not seen  # scored once, on the cell's set
         assert row["adapter_fitted"] is not pipe.is_none  # the fit's record reaches the results
+        assert list(preds) == ["run/vocab-match-fitted"]  # its per-token predictions
         if pipe.is_none:
             assert row["metrics"]["token_acc_top1"]["value"] == 1.0  # the public head is the victim's
 
@@ -263,5 +293,7 @@ def test_a_model_without_a_chat_template_gets_its_cost_measured_on_plain_prompts
 
     tiny = load_model("tiny-random")
     tiny.tokenizer.chat_template = None
-    row = _cost(tiny, 1, 1, DefensePipeline.parse("none"), {"tokens": 4}, {})
-    assert row["greedy_identity"] == 1.0 and row["bytes_per_step"] > 0
+    from splitinfer.client import SplitModel
+
+    row = _cost(tiny, SplitModel(tiny, "1,1", defense=DefensePipeline.parse("none")), {"tokens": 4})
+    assert row["tau_combined"] >= 1.0 and row["modelled_tok_s_80ms"] > 0
