@@ -35,14 +35,10 @@ from splitinfer.client import SplitModel
 from splitinfer.corpora import load_corpus
 from splitinfer.corpora.chat import format_chat_spans
 from splitinfer.errors import SplitInferError
+from splitinfer.tokens import encode_text
 
 __all__ = ["chat_form_sequences", "held_out_prompts", "teacher_forced", "greedy", "defended_utility",
            "utility_sequences"]
-
-
-def _encode(tokenizer: Any, text: str) -> list[int]:
-    """The model tokenizer's default encoding (its BOS where it adds one); splitinfer.tokens.encode_text once on main."""
-    return list(tokenizer(text)["input_ids"])
 
 
 def _documents(loaded: Any, corpora: list[str], seed: int) -> list[tuple[str, dict]]:
@@ -67,7 +63,7 @@ def chat_form_sequences(loaded: Any, corpora: list[str], positions: int, max_len
     """Token ids of held-out chat-form sequences holding at least ``positions`` next-token positions in all."""
     out, n = [], 0
     for _, doc in _documents(loaded, corpora, seed):
-        ids = _encode(loaded.tokenizer, _as_chat(loaded, doc, 8 * max_length)[0])[:max_length]
+        ids = encode_text(loaded.tokenizer, _as_chat(loaded, doc, 8 * max_length)[0]).ids[:max_length]
         if len(ids) < 2:
             continue
         out.append(ids)

@@ -137,7 +137,7 @@ def train_openings(tokenizer: Any, corpora: Sequence[str], seed: int, max_length
                               1 << 40, max_doc_tokens)
         for c, ids, off in zip(plan.chunks, plan.ids, plan.offsets):
             spans = plan.documents[c["doc"]]["template_spans"]
-            user = ids[~(template_token_mask(off, spans) | (off[:, 0] == off[:, 1]))]
+            user = ids[~template_token_mask(off, spans)]
             if len(user) >= n:
                 out.add(tuple(int(t) for t in user[:n]))
     return out
