@@ -31,14 +31,16 @@ import torch
 
 from attacks.metrics.core import token_f1
 from attacks.metrics.intervals import bootstrap_ci, interval
+from benchmarks.prompts import PROMPTS
 from splitinfer.client import SplitModel
 from splitinfer.corpora import load_corpus
 from splitinfer.corpora.chat import format_chat_spans
 from splitinfer.errors import SplitInferError
+from splitinfer.timing import fit
 from splitinfer.tokens import encode_text
 
-__all__ = ["chat_form_sequences", "held_out_prompts", "teacher_forced", "greedy", "defended_utility",
-           "utility_sequences"]
+__all__ = ["chat_form_sequences", "held_out_prompts", "teacher_forced", "greedy", "cost", "cell_utility",
+           "defended_utility", "utility_sequences"]
 
 
 def _documents(loaded: Any, corpora: list[str], seed: int) -> list[tuple[str, dict]]:
@@ -166,6 +168,35 @@ def greedy(loaded: Any, sm: SplitModel, reference: SplitModel, prompts: list[str
     out["answer_perplexity"] = _perplexity(np.asarray(nll), np.asarray(count, dtype=float), n_boot, seed) \
         if count else _entry(float("nan"), None, None, 0)
     return out
+
+
+def cost(loaded: Any, sm: SplitModel, cfg: dict) -> dict[str, Any]:
+    """tau of combined under the defense and its tok/s modelled at 80 ms RTT (the suite's cost prompts)."""
+    prompts = [PROMPTS[c][0] for c in cfg.get("categories", ["conversational"])]
+    tokens = int(cfg.get("tokens", 24))
+    opts = dict(cfg.get("decoding_options", {}).get("combined", {}))
+    comb = [sm.generate(p, tokens, chat=loaded.has_chat_template, decoding="combined", decoding_options=opts)
+            for p in prompts]
+    steps = [s for r in comb for s in r.steps[1:]]
+    model = fit([s for r in comb for s in r.steps], 0.0, None).project(80.0, 100.0)
+    return {"tau_combined": sum(len(r.token_ids) for r in comb) / max(1, sum(len(r.steps) for r in comb)),
+            "modelled_tok_s_80ms": model.tok_s(steps)}
+
+
+def cell_utility(loaded: Any, depth: int, tail: int, pipe: Any, cfg: dict, texts: dict, cache: dict,
+                 seed: int) -> dict[str, Any]:
+    """Teacher-forced agreement and perplexity, greedy identity and answer measures (intervals), and cost."""
+    sm = SplitModel(loaded, f"{depth},{tail}", defense=pipe)
+    ref = cache.setdefault(("reference", depth), SplitModel(loaded, f"{depth},{tail}"))
+    tf = teacher_forced(loaded, sm, texts["sequences"], cache, seed=seed)
+    gr = greedy(loaded, sm, ref, texts["prompts"], int(cfg.get("tokens", 24)), cache, key=depth, seed=seed)
+    flat = {k: tf[k]["value"] for k in ("next_token_agreement", "perplexity", "perplexity_undefended")}
+    return {**flat, "greedy_identity": gr["greedy_identity"]["value"], "positions": tf["positions"],
+            "utility_sequences": tf["sequences"], "greedy_prompts": gr["greedy_prompts"],
+            "bytes_per_step": gr["bytes_per_step"], "intervals": {
+                **{k: tf[k] for k in ("next_token_agreement", "perplexity", "perplexity_undefended")},
+                **{k: gr[k] for k in ("greedy_identity", "answer_token_f1", "answer_perplexity")}},
+            **cost(loaded, sm, cfg)}
 
 
 def utility_sequences(held: Any, n: int) -> list[list[int]]:

@@ -59,12 +59,11 @@ from attacks.evaluate import prior_from_taps
 from attacks.registry import get_attack_class, make_attack
 from attacks.tapdata import Taps
 from attacks.boundary import Boundary
-from benchmarks.prompts import PROMPTS
 from benchmarks.attack_grid import GridConfig, GridData, Victim, extract, extract_split, row_threat_model, test_pool
 from benchmarks.attack_tables import SCOPE, baseline_line, cell
 from benchmarks.defenses_tables import attackers_table, recovery_table, utility_table
-from benchmarks.defense_utility import (chat_form_sequences, defended_utility, greedy, held_out_prompts,  # noqa: F401
-                                        teacher_forced, utility_sequences)  # the last two: clip_ablation's
+from benchmarks.defense_utility import (cell_utility, chat_form_sequences, defended_utility,  # noqa: F401
+                                        held_out_prompts, utility_sequences)  # the two utility_*: clip_ablation's
 from benchmarks.defenses_private import paired_label, public_label, with_trained_adapter
 from benchmarks.defenses_overhead import overhead_ms
 from benchmarks.defenses_random_split import random_split_row
@@ -72,10 +71,8 @@ from benchmarks.grid_cell import gaps_to_strongest, paired_gap, score_on_set, st
 from benchmarks.schema import add_metric, metric
 from benchmarks.scored_set import ScoredSetConfig, set_size, take
 from benchmarks.shard import Shard
-from splitinfer.client import SplitModel
 from splitinfer.defenses import DefensePipeline, check_specs
 from splitinfer.defenses.base import format_items
-from splitinfer.timing import fit
 
 log = logging.getLogger(__name__)
 
@@ -178,35 +175,6 @@ def _attack(loaded, name: str, opts: dict, pipe: DefensePipeline, train: Taps, t
     return out
 
 
-def _cost(loaded, sm: SplitModel, cfg: dict) -> dict:
-    """tau of combined under the defense and its tok/s modelled at 80 ms RTT (the suite's cost prompts)."""
-    prompts = [PROMPTS[c][0] for c in cfg.get("categories", ["conversational"])]
-    tokens = int(cfg.get("tokens", 24))
-    opts = dict(cfg.get("decoding_options", {}).get("combined", {}))
-    comb = [sm.generate(p, tokens, chat=loaded.has_chat_template, decoding="combined", decoding_options=opts)
-            for p in prompts]
-    steps = [s for r in comb for s in r.steps[1:]]
-    model = fit([s for r in comb for s in r.steps], 0.0, None).project(80.0, 100.0)
-    return {"tau_combined": sum(len(r.token_ids) for r in comb) / max(1, sum(len(r.steps) for r in comb)),
-            "modelled_tok_s_80ms": model.tok_s(steps)}
-
-
-def _utility(loaded, depth: int, tail: int, pipe: DefensePipeline, cfg: dict, texts: dict, cache: dict,
-             seed: int) -> dict:
-    """Teacher-forced agreement and perplexity, greedy identity and answer measures (intervals), and cost."""
-    sm = SplitModel(loaded, f"{depth},{tail}", defense=pipe)
-    ref = cache.setdefault(("reference", depth), SplitModel(loaded, f"{depth},{tail}"))
-    tf = teacher_forced(loaded, sm, texts["sequences"], cache, seed=seed)
-    gr = greedy(loaded, sm, ref, texts["prompts"], int(cfg.get("tokens", 24)), cache, key=depth, seed=seed)
-    flat = {k: tf[k]["value"] for k in ("next_token_agreement", "perplexity", "perplexity_undefended")}
-    return {**flat, "greedy_identity": gr["greedy_identity"]["value"], "positions": tf["positions"],
-            "utility_sequences": tf["sequences"], "greedy_prompts": gr["greedy_prompts"],
-            "bytes_per_step": gr["bytes_per_step"], "intervals": {
-                **{k: tf[k] for k in ("next_token_agreement", "perplexity", "perplexity_undefended")},
-                **{k: gr[k] for k in ("greedy_identity", "answer_token_f1", "answer_perplexity")}},
-            **_cost(loaded, sm, cfg)}
-
-
 def _add(results: dict, run: str, name: str, m: dict, higher: bool, kind: str = "accuracy") -> None:
     add_metric(results, run, name, metric(m["value"], m.get("ci_low"), m.get("ci_high"), m.get("n"), higher,
                                           kind=kind))
@@ -305,7 +273,7 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
                "family": pipe.items[0].name if pipe.items else "none",
                "strength": {d.name: d.strength_value() for d in pipe.items}, "describe": pipe.describe(),
                "attackers": tried, "best": best, "scored_set": dict(zip(("tokens", "documents"), set_size(target))),
-               **_utility(loaded, a, tail, pipe, cfg, texts, cache, seed)}
+               **cell_utility(loaded, a, tail, pipe, cfg, texts, cache, seed)}
         if pipe.is_none:
             undefended[a] = best
         row["vs_undefended"] = paired_gap(best, undefended[a], n_boot, seed) if a in undefended else None

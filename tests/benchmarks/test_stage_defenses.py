@@ -281,7 +281,7 @@ def test_a_model_without_a_chat_template_gets_its_cost_measured_on_plain_prompts
     """Regression: the cost columns always asked for the chat template, so the stage stopped ("has no chat
     template; drop --chat") on gemma3-270m's GGUF, a model without one. Without a template the prompts go in
     plain, as `generate` without --chat does."""
-    from benchmarks.stage_defenses import _cost
+    from benchmarks.defense_utility import cost as _cost
     from splitinfer.defenses import DefensePipeline
 
     tiny = load_model("tiny-random")
