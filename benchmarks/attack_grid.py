@@ -8,8 +8,9 @@ of every corpus at every boundary (``head:A``: the states the cloud receives;
 and per corpus. What differs between recipes is read from their class, never
 from their name (issue 17 item 6): ``boundary_side``; ``proposer_recipe``
 (fitted on the same boundary and passed to ``set_proposer``); ``scoring``
-(``prefixes``: costly attacks are scored on sequence prefixes, see
-:func:`attacks.recipes.vocab_match.scoring_subset`); ``reads`` (``next``:
+(``prefixes``: costly attacks are scored on the head boundary's common scored
+set alone, :mod:`benchmarks.scored_set`; every other head-side attacker is
+scored on all test tokens and on that set too, the comparison of a cell); ``reads`` (``next``:
 output-side attackers, scored on the generated token of real split
 generation, :mod:`benchmarks.attack_wire`); :class:`~attacks.base.DepthIdentifier`
 (:func:`depth_rows`).
