@@ -28,7 +28,7 @@ from attacks.metrics.baselines import TokenPrior
 from attacks.predictions import Predictions
 from attacks.tapdata import Taps
 
-__all__ = ["score_on_set", "strongest", "paired_gap", "gaps_to_strongest"]
+__all__ = ["score_on_set", "strongest", "paired_gap", "gaps_to_strongest", "with_undefended_gaps"]
 
 
 def score_on_set(inv: Inversion, target: Taps, *, vocab: int, prior: TokenPrior, n_boot: int, seed: int,
@@ -73,3 +73,12 @@ def gaps_to_strongest(tried: list[dict[str, Any]], best: dict[str, Any], n_boot:
     """Give every attacker of a cell ``gap_to_best``: the strongest's top-1 minus its own (paired, over documents)."""
     for x in tried:
         x["gap_to_best"] = None if x is best else paired_gap(best, x, n_boot, seed)
+
+
+def with_undefended_gaps(rows: list[dict[str, Any]], n_boot: int = 1000, seed: int = 0) -> list[dict[str, Any]]:
+    """Copies of defense rows with ``vs_undefended``: the row's recovery minus the undefended row's at the same
+    head depth, a paired bootstrap over their shared documents (None without an undefended row). Computed from
+    the rows' per-document counts, so a merge of shards gives what one run gives."""
+    none = {r["depth"]: r["best"] for r in rows if r.get("family") == "none"}
+    return [{**r, "vs_undefended": paired_gap(r["best"], none[r["depth"]], n_boot, seed)
+             if r["depth"] in none else None} for r in rows]

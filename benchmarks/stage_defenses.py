@@ -67,7 +67,7 @@ from benchmarks.defense_utility import (cell_utility, chat_form_sequences, defen
 from benchmarks.defenses_private import paired_label, public_label, with_trained_adapter
 from benchmarks.defenses_overhead import overhead_ms
 from benchmarks.defenses_random_split import random_split_row
-from benchmarks.grid_cell import gaps_to_strongest, paired_gap, score_on_set, strongest
+from benchmarks.grid_cell import gaps_to_strongest, score_on_set, strongest, with_undefended_gaps
 from benchmarks.schema import add_metric, metric
 from benchmarks.scored_set import ScoredSetConfig, set_size, take
 from benchmarks.shard import Shard
@@ -249,7 +249,6 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
     adapters = tempfile.TemporaryDirectory(prefix="splitinfer-adapters-")  # private adapters are secrets: removed
     workdir = adapters.name
     skipped = []
-    undefended: dict[int, dict] = {}
     for j, (a, spec) in enumerate(tqdm(jobs, desc="defenses", unit="config")):
         if not shard.mine(j):
             continue
@@ -274,9 +273,6 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
                "strength": {d.name: d.strength_value() for d in pipe.items}, "describe": pipe.describe(),
                "attackers": tried, "best": best, "scored_set": dict(zip(("tokens", "documents"), set_size(target))),
                **cell_utility(loaded, a, tail, pipe, cfg, texts, cache, seed)}
-        if pipe.is_none:
-            undefended[a] = best
-        row["vs_undefended"] = paired_gap(best, undefended[a], n_boot, seed) if a in undefended else None
         out_rows.append({**row, "job_seconds": time.perf_counter() - tj})
         _record(results, run, row)
     adapters.cleanup()
@@ -330,7 +326,8 @@ def defenses_section(data: dict, out) -> list[str]:
     from benchmarks.defenses_answers import answers_section
     from benchmarks.plots_defenses import plot_frontier
 
-    rows = data.get("rows", [])
+    data = {**data, "rows": with_undefended_gaps(data.get("rows", []))}  # paired, from per-document counts
+    rows = data["rows"]
     sset = data.get("scored_set")
     size = (f" (per cell: {sset['user_tokens']} user-text tokens from each of up to {sset['docs_per_corpus']} "
             f"documents per corpus, floor {sset['min_tokens']} tokens from {sset['min_documents']} documents)"

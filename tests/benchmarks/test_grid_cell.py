@@ -43,3 +43,17 @@ def test_paired_gap_uses_shared_documents_only() -> None:
     gap = paired_gap(a, b, n_boot=100)
     assert gap["n"] == 3 and gap["value"] == 1.0
     assert paired_gap(a, {"doc_top1": None}) is None
+
+
+def test_the_undefended_gap_is_computed_from_the_rows_so_shards_merge_alike() -> None:
+    from benchmarks.grid_cell import with_undefended_gaps
+
+    taps = make_taps(n_seqs=8, seq_len=6)
+    clean = {"top1": None, **_scored(taps, np.ones(taps.n_tokens, bool))}
+    noisy = {"top1": None, **_scored(taps, np.arange(taps.n_tokens) % 2 == 0)}
+    rows = [{"depth": 2, "family": "noise", "best": noisy}, {"depth": 2, "family": "none", "best": clean},
+            {"depth": 8, "family": "noise", "best": noisy}]
+    got = with_undefended_gaps(rows)
+    assert got[0]["vs_undefended"]["value"] == -0.5 and got[0]["vs_undefended"]["ci_high"] < 0
+    assert got[1]["vs_undefended"]["value"] == 0.0 and got[2]["vs_undefended"] is None  # no undefended row at 8
+    assert "vs_undefended" not in rows[0]  # copies
