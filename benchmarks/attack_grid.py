@@ -8,8 +8,9 @@ of every corpus at every boundary (``head:A``: the states the cloud receives;
 and per corpus. What differs between recipes is read from their class, never
 from their name (issue 17 item 6): ``boundary_side``; ``proposer_recipe``
 (fitted on the same boundary and passed to ``set_proposer``); ``scoring``
-(``prefixes``: costly attacks are scored on sequence prefixes, see
-:func:`attacks.recipes.vocab_match.scoring_subset`); ``reads`` (``next``:
+(``prefixes``: costly attacks are scored on the head boundary's common scored
+set alone, :mod:`benchmarks.scored_set`; every other head-side attacker is
+scored on all test tokens and on that set too, the comparison of a cell); ``reads`` (``next``:
 output-side attackers, scored on the generated token of real split
 generation, :mod:`benchmarks.attack_wire`); :class:`~attacks.base.DepthIdentifier`
 (:func:`depth_rows`).
@@ -42,6 +43,8 @@ from attacks.boundary import Boundary
 from splitinfer.tokens import encode_text
 from attacks.defended import knowledge_label
 from attacks.taps import extract_depths
+from benchmarks.grid_cell import score_on_set
+from benchmarks.scored_set import ScoredSetConfig, check_size, choose, take, train_openings
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +103,9 @@ class GridConfig:
     seed: int = 0
     n_boot: int = 1000
     victim: Victim = Victim()
+    # the cell's common scored set per head depth (every head-side attacker is also scored on it; prefix-scored
+    # attackers on it alone); the floor is the suite's, 0 here
+    scored_set: ScoredSetConfig = ScoredSetConfig(min_tokens=0, min_documents=0)
 
 
 @dataclass
@@ -114,6 +120,8 @@ class GridData:
     wire: dict[Boundary, Any] = field(default_factory=dict)  # tail boundary -> attack_wire.WireTargets (on demand)
     # corpus -> {"test_tokens", "spans" per type, "unscored_spans"}: the scored PII of each PII corpus's test split
     pii: dict[str, dict[str, Any]] = field(default_factory=dict)
+    common: dict[Boundary, Taps] = field(default_factory=dict)  # head boundary -> the cell's scored set
+    chosen: dict[Boundary, list[tuple[int, int]]] = field(default_factory=dict)  # its (test sequence, length)s
 
 
 @dataclass(frozen=True)
@@ -230,7 +238,20 @@ def extract(loaded: Any, cfg: GridConfig) -> GridData:
     val = _pool(loaded, cfg, bounds, "val", cfg.val_tokens)[0] if cfg.val_tokens else None
     pii: dict[str, dict[str, Any]] = {}
     test, rows = _pool(loaded, cfg, bounds, "test", cfg.test_tokens, pii)
-    return GridData(train, val, test, rows, {b: b.depth(loaded.num_layers) for b in bounds}, pii=pii)
+    seen = train_openings(loaded.tokenizer, cfg.corpora, cfg.seed, cfg.max_length, cfg.max_doc_tokens,
+                          cfg.scored_set.dedup_tokens)
+    chosen = {b: choose(test[b], rows, cfg.scored_set, seen) for b in bounds if b.side == "head"}
+    common = {b: take(test[b], c) for b, c in chosen.items()}
+    for b, t in common.items():
+        check_size(t, cfg.scored_set, f"{b}")
+    return GridData(train, val, test, rows, {b: b.depth(loaded.num_layers) for b in bounds}, pii=pii, common=common,
+                    chosen=chosen)
+
+
+def test_pool(loaded: Any, cfg: GridConfig, bounds: list[Boundary]) -> dict[Boundary, Taps]:
+    """The pooled test taps of ``cfg`` at ``bounds`` as :func:`extract` makes them (a private victim's own states
+    of the same sequences, for :func:`benchmarks.scored_set.take` with ``GridData.chosen``)."""
+    return _pool(loaded, cfg, bounds, "test", cfg.test_tokens)[0]
 
 
 def plan(cfg: GridConfig, depth_of: dict[Boundary, int]) -> list[Job]:
@@ -343,19 +364,26 @@ def run_job(loaded: Any, cfg: GridConfig, data: GridData, job: Job, fitted: dict
         inv.info.update(target.traffic)
         parts = {c: np.flatnonzero(target.corpus_of_row == c) for c in cfg.corpora}
     else:
-        if atk.scoring == "prefixes":
-            truth = scoring_subset(data.test[b], data.test_rows, cfg.prefix_tokens, cfg.prefix_pii_tokens)
+        if atk.scoring == "prefixes":  # costly per token: scored on the cell's common set alone
+            truth = data.common[b] if b in data.common else \
+                scoring_subset(data.test[b], data.test_rows, cfg.prefix_tokens, cfg.prefix_pii_tokens)
         else:
             truth = data.test[b]
             parts = {c: np.arange(lo, hi) for c, (lo, hi) in data.test_rows.items()}
         t = time.perf_counter()
         inv = atk.invert(truth, k=5)
         inv_s = time.perf_counter() - t
-    pred = collect(inv, truth, vocab_size=vocab, prior=prior, n_boot=cfg.n_boot, seed=cfg.seed,
-                   meta={"attack": job.name, "boundary": str(b)})
+    meta = {"attack": job.name, "boundary": str(b)}
+    pred = collect(inv, truth, vocab_size=vocab, prior=prior, n_boot=cfg.n_boot, seed=cfg.seed, meta=meta)
     m = pred.summarize()
     if predictions is not None:
         predictions[f"attacks/{job.name}/{b}"] = pred
+    common = None
+    if b in data.common and atk.reads != "next":  # the cell's common set: every head attacker on the same tokens
+        same = truth is data.common[b]
+        common = {"metrics": m, "doc_top1": doc_top1_counts(pred), "test_tokens": truth.n_tokens} if same else \
+            score_on_set(atk.invert(data.common[b], k=5), data.common[b], vocab=vocab, prior=prior,
+                         n_boot=cfg.n_boot, seed=cfg.seed, meta=meta)[0]
     info = {k: v for k, v in {**atk.fit_report, **inv.info}.items() if isinstance(v, (int, float, str))}
     row = check_row({
         "attack": job.name, "threat_model": row_threat_model(atk.threat_model, cfg.victim),
@@ -363,13 +391,15 @@ def run_job(loaded: Any, cfg: GridConfig, data: GridData, job: Job, fitted: dict
         "boundary": str(b), "defense": cfg.victim.defense, "corpus": "all", "scored_on": scored_on, "metrics": m,
         "fit_seconds": round(fit_s, 3), "invert_seconds": round(inv_s, 3),
         "seconds_per_token": inv_s / max(1, len(inv.tokens)), "train_tokens": data.train[b].n_tokens,
-        "test_tokens": len(inv.tokens), "info": info, "doc_top1": doc_top1_counts(pred)}, cfg.victim)
+        "test_tokens": len(inv.tokens), "info": info, "doc_top1": doc_top1_counts(pred),
+        "common": common}, cfg.victim)
     out = [row]
     for corpus, sub in parts.items():
         if len(sub):
             sm = score(_slice(inv, sub), truth, rows=sub, vocab_size=vocab, prior=prior, n_boot=cfg.n_boot,
                        seed=cfg.seed)
-            out.append({**row, "corpus": corpus, "metrics": sm, "test_tokens": int(len(sub)), "doc_top1": None})
+            out.append({**row, "corpus": corpus, "metrics": sm, "test_tokens": int(len(sub)), "doc_top1": None,
+                        "common": None})
     log.info("%s at %s: top-1 %.3f (%.1f s fit, %.1f s invert)", job.name, b, m["token_acc_top1"]["value"], fit_s,
              inv_s)
     return out

@@ -34,6 +34,16 @@ def cell(m: dict[str, Any] | None, signed: bool = False) -> str:
     return f"{f(m['value'])} [{f(m['ci_low'])}, {f(m['ci_high'])}]"
 
 
+def diff_cell(d: dict[str, Any] | None) -> str:
+    """A paired difference in points with its interval and whether it excludes 0; ``-`` when absent."""
+    if d is None:
+        return "-"
+    if d.get("ci_low") is None:
+        return f"{100 * d['value']:+.1f} [n/a]"
+    sig = "" if d["ci_low"] <= 0 <= d["ci_high"] else " *"
+    return f"{100 * d['value']:+.1f} [{100 * d['ci_low']:+.1f}, {100 * d['ci_high']:+.1f}]{sig}"
+
+
 def strongest_baseline(metrics: dict[str, Any], k: int = 1) -> tuple[str, float] | None:
     """(name, value) of the strongest top-k baseline among uniform, unigram and position."""
     found = [(name, metrics[f"baseline_{name}_top{k}"]["value"]) for name in ("uniform", "unigram", "position")
@@ -107,3 +117,26 @@ def pii_test_line(pii: dict[str, dict[str, Any]] | None) -> str | None:
              + f"; {v['unscored_spans']} span(s) run past the per-document token cap and are not scored"
              for c, v in pii.items()]
     return "PII test split: " + "; ".join(parts) + "."
+
+
+def common_set_table(rows: list[dict[str, Any]], seed: int = 0) -> list[str]:
+    """Per head depth, every attacker on the depth's common scored set side by side (issue 28 "one grid"): the
+    strongest in bold, each other's gap to it a paired bootstrap over documents (``*``: the interval excludes 0).
+    Rows without a ``common`` score (output-side attackers, older results) are left out."""
+    from benchmarks.grid_cell import paired_gap
+
+    pooled = [r for r in rows if r.get("corpus") == "all" and r.get("common")]
+    names = list(dict.fromkeys(r["attack"] for r in pooled))
+    if not pooled:
+        return []
+    out = ["| depth | scored tokens / docs | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    for depth in sorted({r["depth"] for r in pooled}):
+        at = {r["attack"]: r["common"] for r in pooled if r["depth"] == depth}
+        best = max(at, key=lambda n: at[n]["metrics"]["token_acc_top1"]["value"])
+        top = at[best]["metrics"]["token_acc_top1"]
+        cells = ["-" if n not in at else f"**{cell(top)}** (strongest)" if n == best else
+                 f"{cell(at[n]['metrics']['token_acc_top1'])}; strongest leads by "
+                 f"{diff_cell(paired_gap(at[best], at[n], seed=seed))}" for n in names]
+        docs = at[best]["metrics"].get("token_f1", {}).get("n", "-")
+        out.append(f"| {depth} | {top['n']} / {docs} | " + " | ".join(cells) + " |")
+    return out

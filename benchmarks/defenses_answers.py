@@ -40,7 +40,12 @@ def _versus_none(rows: list[dict], family: str) -> list[str]:
 
 
 def _below(r: dict, base: dict) -> bool:
-    """The defended row's 95% interval lies wholly below the undefended row's (both measured)."""
+    """The defended row recovers less than the undefended one: the paired bootstrap interval of the difference
+    over the same documents (``vs_undefended``, issue 28) lies below 0; for rows without it (older results),
+    the defended row's 95% interval lies wholly below the undefended row's."""
+    gap = r.get("vs_undefended")
+    if gap is not None and gap.get("ci_high") is not None:
+        return gap["ci_high"] < 0
     a, b = r["best"]["top1"], base["best"]["top1"]
     return a.get("ci_high") is not None and b.get("ci_low") is not None and a["ci_high"] < b["ci_low"]
 
@@ -48,8 +53,9 @@ def _below(r: dict, base: dict) -> bool:
 def _lower(rows: list[dict], family: str) -> str:
     """``yes``/``no`` (and how much) for a family, from its rows against the undefended row at the same depth.
 
-    A drop of 5 points or more is a ``yes`` only where the two 95% intervals do not overlap; otherwise this sample
-    cannot tell it from no drop (e.g. 87.5% [75, 100] of 16 tokens against 100%), and the answer says so.
+    A drop of 5 points or more is a ``yes`` only where it is significant (:func:`_below`: the paired difference's
+    interval excludes 0); otherwise this sample cannot tell it from no drop (e.g. 87.5% [75, 100] of 16 tokens
+    against 100%), and the answer says so.
     """
     pairs = [(r, _none(rows, r["depth"])) for r in rows if r["family"] == family and _none(rows, r["depth"])]
     if not pairs:
@@ -60,7 +66,7 @@ def _lower(rows: list[dict], family: str) -> str:
         return f"no: recovery falls by at most {100 * worst:.1f} points. "
     clear = [d for d, sep in drops if sep and d >= 0.05]
     if clear:
-        return f"yes, partly: recovery falls by up to {100 * max(clear):.1f} points outside both 95% intervals. "
+        return f"yes, partly: recovery falls by up to {100 * max(clear):.1f} points (significant at 95%). "
     return (f"not shown: recovery falls by up to {100 * worst:.1f} points, inside the 95% intervals of this "
             "sample. ")
 

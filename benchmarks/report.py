@@ -31,8 +31,11 @@ def _speed_at(data: dict, head: int, decoding: str, rtt: float = 80.0) -> dict |
 
 
 def _strongest(attack_rows: list[dict], depth: int, threat: str) -> dict | None:
+    """The strongest attacker of a threat model at a head depth, compared and reported on the depth's common
+    scored set where the rows carry it (issue 28 finding 3), else on each row's own tokens (older results)."""
     rows = [r for r in attack_rows if r["side"] == "head" and r["depth"] == depth and r["threat_model"] == threat
             and r["corpus"] == "all"]
+    rows = [{**r, "metrics": r["common"]["metrics"]} if r.get("common") else r for r in rows]
     return max(rows, key=lambda r: r["metrics"]["token_acc_top1"]["value"], default=None)
 
 
@@ -104,7 +107,8 @@ def _rtt_section(model: dict) -> list[str]:
 
 
 def _attack_section(att: dict) -> list[str]:
-    from benchmarks.attack_tables import SCOPE, baseline_line, metrics_cells, metrics_header, pii_cell, pii_test_line
+    from benchmarks.attack_tables import (SCOPE, baseline_line, common_set_table, metrics_cells, metrics_header,
+                                          pii_cell, pii_test_line)
     from benchmarks.attack_wire import traffic_line
 
     rows = att.get("rows", [])
@@ -116,6 +120,11 @@ def _attack_section(att: dict) -> list[str]:
         label = r["attack"] + (f" (its own random token split: {_pct(seed)})" if seed is not None else "")
         cells = [r["side"], str(r["depth"]), label, r["threat_model"], r["corpus"]] + metrics_cells(r["metrics"])
         lines.append("| " + " | ".join(cells) + f" | {r.get('seconds_per_token', float('nan')):.2g} |")
+    common = common_set_table(rows)
+    if common:
+        lines += ["", "Every head-side attacker on the depth's common scored set (held-out, de-duplicated user text "
+                      "of every corpus, chat user turns included; the set the defenses stage scores), top-1 % "
+                      "[95% CI]:", "", *common]
     pooled = next((r["metrics"] for r in rows if r["corpus"] == "all" and "baseline_unigram_top1" in r["metrics"]),
                   None)
     if pooled:

@@ -8,23 +8,32 @@ For every head depth and defense spec of the suite it measures, side by side
   and :func:`attacks.defended.defend_taps`); attackers are adaptive: they know
   the mechanism and its public parameters, train on their own defended pairs
   (:func:`attacks.defended.attacker_view`, other noise draws) made with the
-  *public* weights. ``vocab-match-adaptive`` is scored on sequence prefixes
-  (:func:`attacks.recipes.vocab_match.scoring_subset`), the others on every
-  test token and, for the comparison, on those prefixes too: the best attacker
-  is the one with the highest top-1 on the tokens every attacker is scored on;
-  its top-1 on its own scope (95% bootstrap CI over documents) is the recovery.
-- utility: next-token agreement (argmax) and perplexity of the defended split
-  on held-out sequences against the undefended model, teacher-forced through
+  *public* weights. Every attacker of a (depth, defense) cell is scored on
+  exactly the cell's scored set (:mod:`benchmarks.scored_set`: held-out,
+  de-duplicated user text of every corpus, chat user turns included, public
+  positions unscored; the suite's ``scored_set`` table sets its size and
+  floor) through :func:`benchmarks.grid_cell.score_on_set`, the attack grid's
+  scoring; the cell's recovery is the maximum top-1 over its attackers, each
+  other attacker's gap to it and the defended-minus-undefended difference are
+  paired bootstraps over documents (issue 28 findings 1 and 3). Per-token
+  predictions of every attacker go beside the results (``predictions/``), so
+  ``splitinfer attack rescore`` checks every defense row (finding 8).
+- utility (:mod:`benchmarks.defense_utility`, finding 5): next-token
+  agreement (argmax) and perplexity of the defended split against the
+  undefended model on ``utility_positions`` teacher-forced positions of
+  held-out chat-form text (the model's template and special tokens), through
   the real runtime (:meth:`SplitModel.forward_step`, the defense on the wire);
-  greedy identity: mean share of the undefended greedy output reproduced
-  before the first divergence, on the suite's prompts.
-- cost: bytes per decode step (measured frames, sequential), tau of
-  ``combined`` under the defense, and tok/s of that run modelled at 80 ms RTT
-  and 100 Mbit/s (:func:`splitinfer.timing.fit` then ``project``).
+  greedy identity, answer token F1 and answer perplexity under the undefended
+  model on ``greedy_prompts`` held-out prompts; 95% intervals over sequences
+  and prompts.
+- cost: bytes per decode step (measured frames, sequential, over the greedy
+  prompts), tau of ``combined`` under the defense, and tok/s of that run
+  modelled at 80 ms RTT and 100 Mbit/s (:func:`splitinfer.timing.fit` then
+  ``project``) on the suite's cost prompts (``categories``).
 
 ``random-split`` specs are rows of their own (:mod:`benchmarks.defenses_random_split`: depth identification
 from the states alone, then end-to-end recovery). Test splits of long documents are cut to >= 10 documents per
-corpus (:func:`benchmarks.attack_grid.extract_split`), as in the attack grid.
+corpus: the taps and scored sets are the attack grid's own (:func:`grid_data`).
 
 A noise spec without ``clip=`` gets the median per-token L2 norm of the public
 model's training states at that depth (positions >= 1), recorded in its label.
@@ -38,32 +47,32 @@ carry ``job = j``); ``random-split`` rows and the overhead timings run in shard 
 from __future__ import annotations
 
 import logging
-import math
 import tempfile
 import time
+from dataclasses import asdict
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
 from attacks.defended import applies, as_public, attacker_view, defend_taps, resent_taps, show_cloud, victim_model
-from attacks.evaluate import prior_from_taps, score
-from attacks.recipes.vocab_match import scoring_subset
+from attacks.evaluate import prior_from_taps
 from attacks.registry import get_attack_class, make_attack
 from attacks.tapdata import Taps
 from attacks.boundary import Boundary
-from benchmarks.prompts import PROMPTS
-from benchmarks.attack_grid import Victim, extract_split, row_threat_model
+from benchmarks.attack_grid import GridConfig, GridData, Victim, extract, extract_split, row_threat_model, test_pool
 from benchmarks.attack_tables import SCOPE, baseline_line, cell
+from benchmarks.defenses_tables import attackers_table, recovery_table, utility_table
+from benchmarks.defense_utility import (cell_utility, chat_form_sequences, defended_utility,  # noqa: F401
+                                        held_out_prompts, utility_sequences)  # the two utility_*: clip_ablation's
 from benchmarks.defenses_private import paired_label, public_label, with_trained_adapter
 from benchmarks.defenses_overhead import overhead_ms
 from benchmarks.defenses_random_split import random_split_row
+from benchmarks.grid_cell import gaps_to_strongest, score_on_set, strongest, with_undefended_gaps
 from benchmarks.schema import add_metric, metric
+from benchmarks.scored_set import ScoredSetConfig, set_size, take
 from benchmarks.shard import Shard
-from splitinfer.client import SplitModel
 from splitinfer.defenses import DefensePipeline, check_specs
 from splitinfer.defenses.base import format_items
-from splitinfer.timing import fit
 
 log = logging.getLogger(__name__)
 
@@ -84,15 +93,22 @@ def split_taps(loaded, cfg: dict, depths: list[int], split: str, per_corpus: int
     return {a: Taps.concat(v) for a, v in parts.items()}, rows
 
 
+def grid_data(loaded, cfg: dict, depths: list[int], seed: int, sset: ScoredSetConfig) -> tuple[GridConfig, GridData]:
+    """The attack grid's extraction (:func:`benchmarks.attack_grid.extract`) for this table: train and test taps
+    per head depth and each depth's common scored set, as the attacks stage makes them for the same corpora,
+    sizes and ``scored_set`` (one grid: the same sets and the same scoring code, issue 28)."""
+    n_corp = len(cfg.get("corpora", ["prose"]))
+    grid = GridConfig(head_depths=tuple(depths), corpora=tuple(cfg.get("corpora", ["prose"])), attacks=(),
+                      train_tokens=int(cfg.get("train_tokens", 4000)) // n_corp,
+                      test_tokens=int(cfg.get("test_tokens", 800)) // n_corp, max_length=int(cfg.get("max_length", 128)),
+                      max_doc_tokens=cfg.get("max_doc_tokens"), seed=seed, scored_set=sset)
+    return grid, extract(loaded, grid)
+
+
 def median_clip(train: Taps) -> float:
     """noise's default clip C: the median per-token L2 norm of the states at positions >= 1, to 2 decimals."""
     pos = train.positions()
     return round(float(np.median(np.linalg.norm(np.asarray(train.hidden[pos >= 1], dtype=np.float32), axis=1))), 2)
-
-
-def utility_sequences(held: Taps, n: int) -> list[list[int]]:
-    """The token ids of the first ``n`` held-out sequences: the ones utility is measured on."""
-    return [held.token_ids[s].tolist() for _, s in list(held.sequences())[:n]]
 
 
 def _pipeline(spec: str, train: Taps) -> DefensePipeline:
@@ -119,130 +135,91 @@ def _threat(name: str, pipe: DefensePipeline) -> str:
     return base if pipe.is_none else f"{base}, adaptive"
 
 
-def _common_tokens(attackers: list[str], options: dict) -> int | None:
-    """The prefix size every attacker is also scored on (the first prefix-scored attacker's), None if none is."""
-    first = next((n for n in attackers if get_attack_class(n).scoring == "prefixes"), None)
-    return None if first is None else int(options.get(first, {}).get("scored_tokens", 32))
-
-
-def _best(tried: list[dict]) -> dict:
-    """The strongest attacker without deployment pairs, by top-1 on the tokens every attacker is scored on."""
-    return max((x for x in tried if "k" not in x), key=lambda r: r["common_top1"]["value"])
-
-
-def _attack(loaded, name: str, opts: dict, pipe: DefensePipeline, train: Taps, test: Taps, rows: dict,
-            seed: int, pairs: dict[int, Taps] | None = None, common: int | None = None,
+def _attack(loaded, name: str, opts: dict, pipe: DefensePipeline, train: Taps, target: Taps, seed: int,
+            run: str, preds: dict, pairs: dict[int, Taps] | None = None, n_boot: int = 1000,
             clean: Taps | None = None) -> list[dict]:
-    """The attacker fitted on its own defended public-model pairs and scored on the victim's states (and on the
-    ``common`` prefix tokens per corpus every attacker is scored on); with ``pairs`` ({k: k deployment pairs}) a
+    """The attacker fitted on its own defended public-model pairs and scored on the victim's defended states of
+    the cell's scored set (``target``, every attacker the same); with ``pairs`` ({k: k deployment pairs}) a
     token classifier is also fine-tuned on each k (``paired``, DESIGN.md 4). An attacker of resent text
-    (``session-average``) sees ``repeats`` sessions of the victim's states before the defense (``clean``)."""
+    (``session-average``) sees ``repeats`` fresh sessions of the same states before the defense (``clean``).
+    Per-token predictions go to ``preds[f"{run}/{name}"]`` (``/k=K`` for paired)."""
     own = attacker_view(pipe)
     hp = dict(opts)
-    cls = get_attack_class(name)
-    if getattr(cls, "adaptive", False):  # it is told the defense's public part
+    if getattr(get_attack_class(name), "adaptive", False):  # it is told the defense's public part
         hp["defense"] = format_items(pipe.items, public=True)
-    prefixes = cls.scoring == "prefixes"  # costly per token: scored on sequence prefixes
-    size = int(hp.pop("scored_tokens", 32))
     atk = make_attack(name, model=loaded, seed=seed, **hp)
     t0 = time.perf_counter()
     atk.fit(defend_taps(train, own))
-    show_cloud(atk, loaded, pipe, int(test.meta["depth"]))  # permute: the cloud's own transformed weights
+    show_cloud(atk, loaded, pipe, int(target.meta["depth"]))  # permute: the cloud's own transformed weights
     vocab, prior = int(loaded.config.vocab_size), prior_from_taps(train)
-
-    def invert(n_tokens: int | None) -> tuple[object, Taps]:
-        """(inversion, target) on the whole test set (None) or its prefixes of ``n_tokens`` per corpus."""
-        got = test if n_tokens is None else scoring_subset(test, rows, n_tokens, 0)
-        if hasattr(atk, "invert_sessions") and clean is not None:  # the same text resent in fresh sessions
-            raw = clean if n_tokens is None else scoring_subset(clean, rows, n_tokens, 0)
-            return atk.invert_sessions(resent_taps(raw, pipe, int(atk.hparams["repeats"])), k=5), got
-        return atk.invert(got, k=5), got
-
-    inv, target = invert(size if prefixes else None)
-    m = score(inv, target, vocab_size=vocab, prior=prior)
+    t1 = time.perf_counter()
+    if hasattr(atk, "invert_sessions") and clean is not None:  # the same text resent in fresh sessions
+        inv = atk.invert_sessions(resent_taps(clean, pipe, int(atk.hparams["repeats"])), k=5)
+    else:
+        inv = atk.invert(target, k=5)
+    inv_s = time.perf_counter() - t1
+    got, preds[f"{run}/{name}"] = score_on_set(inv, target, vocab=vocab, prior=prior, n_boot=n_boot, seed=seed,
+                                               meta={"attack": name, "defense": pipe.label})
     fitted = {k: v for k, v in inv.info.items() if k.startswith("adapter_") and isinstance(v, (bool, int, float))}
-    on = m if common is None or (prefixes and size == common) else score(*invert(common), vocab_size=vocab,
-                                                                         prior=prior)
-    out = [{"attack": name, "threat_model": _threat(name, pipe), "metrics": m, "seconds": time.perf_counter() - t0,
-            "test_tokens": target.n_tokens, "common_top1": on["token_acc_top1"], **fitted}]  # vocab-match-fitted
+    out = [{"attack": name, "threat_model": _threat(name, pipe), **got, "seconds": time.perf_counter() - t0,
+            "seconds_per_token": inv_s / max(1, target.n_tokens), **fitted}]  # vocab-match-fitted
     if pairs and hasattr(atk, "fine_tune"):
         public = {k: v.clone() for k, v in atk.module.state_dict().items()}
         for k, known in sorted(pairs.items()):
             t1 = time.perf_counter()
             atk.module.load_state_dict(public)
             used = atk.fine_tune(known) if k else 0
-            m = m if not k else score(atk.invert(target, k=5), target, vocab_size=vocab, prior=prior)
+            paired = atk.invert(target, k=5) if k else inv
+            got, preds[f"{run}/{name}+paired/k={k}"] = score_on_set(
+                paired, target, vocab=vocab, prior=prior, n_boot=n_boot, seed=seed,
+                meta={"attack": f"{name}+paired", "k": k, "defense": pipe.label})
             kept = bool(k) and bool(atk.fit_report.get("paired_kept_public"))  # validation kept the public fit
-            out.append({"attack": f"{name}+paired", "k": k, "pairs_used": used, "kept_public": kept, "metrics": m,
+            out.append({"attack": f"{name}+paired", "k": k, "pairs_used": used, "kept_public": kept, **got,
                         "threat_model": paired_label(out[0]["threat_model"], k) if k else out[0]["threat_model"],
-                        "seconds": time.perf_counter() - t1, "test_tokens": target.n_tokens})
+                        "seconds": time.perf_counter() - t1})
     return out
 
 
-@torch.no_grad()
-def defended_utility(loaded, depth: int, tail: int, pipe: DefensePipeline, seqs: list[list[int]]) -> dict:
-    """Next-token agreement and perplexity of the defended split vs the undefended model (teacher-forced)."""
-    sm = SplitModel(loaded, f"{depth},{tail}", defense=pipe)
-    agree, nll_d, nll_c, n = 0, 0.0, 0.0, 0
-    for seq in seqs:
-        ids = torch.tensor([seq])
-        clean = loaded.model(ids).logits[0].float()  # (T, V)
-        sm.remote.open()
-        try:
-            logits, _ = sm.forward_step(sm.head.new_cache(), sm.tail.new_cache(), seq, list(range(len(seq))))
-        finally:
-            sm.remote.close()
-        nxt = ids[0, 1:]
-        agree += int((logits[:-1].argmax(-1) == clean[:-1].argmax(-1)).sum())
-        nll_d += float(torch.nn.functional.cross_entropy(logits[:-1], nxt, reduction="sum"))
-        nll_c += float(torch.nn.functional.cross_entropy(clean[:-1], nxt, reduction="sum"))
-        n += len(seq) - 1
-    return {"next_token_agreement": agree / max(1, n), "perplexity": math.exp(nll_d / max(1, n)),
-            "perplexity_undefended": math.exp(nll_c / max(1, n)), "positions": n}
-
-
-def _cost(loaded, depth: int, tail: int, pipe: DefensePipeline, cfg: dict, reference: dict) -> dict:
-    """Greedy identity against the undefended split, bytes per step, tau of combined, modelled tok/s at 80 ms."""
-    prompts = [PROMPTS[c][0] for c in cfg.get("categories", ["conversational"])]
-    tokens = int(cfg.get("tokens", 24))
-    sm = SplitModel(loaded, f"{depth},{tail}", defense=pipe)
-    chat = loaded.has_chat_template
-    share, bytes_step = [], []
-    for p in prompts:
-        res = sm.generate(p, tokens, chat=chat)
-        ref = reference.setdefault((depth, p), SplitModel(loaded, f"{depth},{tail}").generate(p, tokens, chat=chat))
-        same = next((i for i, (a, b) in enumerate(zip(res.token_ids, ref.token_ids)) if a != b),
-                    min(len(res.token_ids), len(ref.token_ids)))
-        share.append(same / max(1, len(ref.token_ids)))
-        bytes_step.append(res.decoding_summary()["bytes_per_step"])
-    opts = dict(cfg.get("decoding_options", {}).get("combined", {}))
-    comb = [sm.generate(p, tokens, chat=chat, decoding="combined", decoding_options=opts) for p in prompts]
-    steps = [s for r in comb for s in r.steps[1:]]
-    model = fit([s for r in comb for s in r.steps], 0.0, None).project(80.0, 100.0)
-    return {"greedy_identity": float(np.mean(share)), "greedy_prompts": len(prompts),
-            "bytes_per_step": float(np.mean(bytes_step)),
-            "tau_combined": sum(len(r.token_ids) for r in comb) / max(1, sum(len(r.steps) for r in comb)),
-            "modelled_tok_s_80ms": model.tok_s(steps)}
+def _add(results: dict, run: str, name: str, m: dict, higher: bool, kind: str = "accuracy") -> None:
+    add_metric(results, run, name, metric(m["value"], m.get("ci_low"), m.get("ci_high"), m.get("n"), higher,
+                                          kind=kind))
 
 
 def _record(results: dict, run: str, row: dict) -> None:
-    best = row["best"]["metrics"]["token_acc_top1"]
-    add_metric(results, run, "recovery_top1", metric(best["value"], best["ci_low"], best["ci_high"], best["n"],
-                                                     False, kind="accuracy"))
-    for key, n in (("next_token_agreement", "positions"), ("greedy_identity", "greedy_prompts")):
-        add_metric(results, run, key, metric(row[key], n=row.get(n), higher_is_better=True, kind="accuracy"))
-    for key, better in (("perplexity", False), ("bytes_per_step", False), ("tau_combined", True),
-                        ("modelled_tok_s_80ms", True)):
+    _add(results, run, "recovery_top1", row["best"]["metrics"]["token_acc_top1"], False)
+    iv = row["intervals"]
+    for key, better, kind in (("next_token_agreement", True, "accuracy"), ("greedy_identity", True, "accuracy"),
+                              ("answer_token_f1", True, "accuracy"), ("perplexity", False, "info"),
+                              ("answer_perplexity", False, "info")):
+        _add(results, run, key, iv[key], better, kind)
+    for key, better in (("bytes_per_step", False), ("tau_combined", True), ("modelled_tok_s_80ms", True)):
         add_metric(results, run, key, metric(row[key], higher_is_better=better, kind="info"))
-    for a in row["attackers"]:
-        m = a["metrics"]["token_acc_top1"]
-        add_metric(results, f"{run}/{a['attack']}" + (f"/k={a['k']}" if "k" in a else ""), "token_acc_top1",
-                   metric(m["value"], m["ci_low"], m["ci_high"], m["n"], False, kind="accuracy"))
+    for a in row["attackers"]:  # every metric of every attacker: `attack rescore` checks them against predictions
+        sub = f"{run}/{a['attack']}" + (f"/k={a['k']}" if "k" in a else "")
+        for name, m in a["metrics"].items():
+            add_metric(results, sub, name, metric(m["value"], m["ci_low"], m["ci_high"], m["n"],
+                                                  m["higher_is_better"], kind=m["kind"]))
+
+
+def rows_elsewhere(cfg: dict) -> dict | None:
+    """The cells (head depth, spec) of the suite named by ``rows_elsewhere`` that this table leaves out: a quick
+    suite keeps fewer rows at the same sample sizes and says which live only in ``full`` (issue 28)."""
+    from benchmarks.suite import load_suite
+
+    if not cfg.get("rows_elsewhere"):
+        return None
+    other = load_suite(cfg["rows_elsewhere"]).stage("defenses") or {}
+    here, depths = set(cfg.get("defenses", ["none"])), set(cfg.get("head_depths", [2]))
+    cells = [s if s.startswith("random-split") else f"head {a} `{s}`" for s in other.get("defenses", [])
+             for a in ([0] if s.startswith("random-split") else other.get("head_depths", [2]))
+             if s not in here or (a not in depths and not s.startswith("random-split"))]
+    return {"suite": cfg["rows_elsewhere"], "cells": cells}
 
 
 def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
     """Run the grid; returns rows for the report (see the module docstring)."""
     check_specs(cfg.get("defenses", ["none"]), int(loaded.hidden_size), "[defenses] spec")  # before any work
+    sset = ScoredSetConfig.from_suite(cfg)
     depths = [int(a) for a in cfg.get("head_depths", [2])]
     split_specs = [s for s in cfg.get("defenses", []) if s.startswith("random-split")]
     extra = sorted({d for s in split_specs for d in DefensePipeline.parse(s).get("random-split").depths} - set(depths))
@@ -250,12 +227,13 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
     specs = [s for s in cfg.get("defenses", ["none"]) if s not in split_specs]
     attackers = list(cfg.get("attackers", ["vocab-match-adaptive", "linear-probe"]))
     options = {k: dict(v) for k, v in cfg.get("options", {}).items()}
-    n_corp = len(cfg.get("corpora", ["prose"]))
-    seed = int(results["config"]["seed"])
+    corpora = list(cfg.get("corpora", ["prose"]))
+    seed, n_boot = int(results["config"]["seed"]), int(cfg.get("n_boot", 1000))
     shard = Shard.of(results)
     t0 = time.perf_counter()
-    train, _ = split_taps(loaded, cfg, depths + extra, "train", int(cfg.get("train_tokens", 4000)) // n_corp)
-    clean_test, rows = split_taps(loaded, cfg, depths + extra, "test", int(cfg.get("test_tokens", 800)) // n_corp)
+    grid, data = grid_data(loaded, cfg, depths + extra, seed, sset)
+    heads = {a: Boundary("head", a) for a in depths + extra}
+    train, clean_test = ({a: part[b] for a, b in heads.items()} for part in (data.train, data.test))
     splits = [random_split_row(loaded, s, train, clean_test, seed, options.get("linear-probe"))
               for s in split_specs] if shard.first else []
     for r in splits:
@@ -265,9 +243,11 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
             m = r[key]
             add_metric(results, f"defenses/{r['defense']}", key,
                        metric(m["value"], m["ci_low"], m["ci_high"], m["n"], False, kind="accuracy"))
-    seqs = utility_sequences(clean_test[depths[0]], int(cfg.get("utility_sequences", 4)))
-    reference: dict = {}
-    out_rows, overhead = [], []
+    texts = {"sequences": chat_form_sequences(loaded, corpora, int(cfg.get("utility_positions", 2000)),
+                                              int(cfg.get("max_length", 128)), seed),
+             "prompts": held_out_prompts(loaded, corpora, int(cfg.get("greedy_prompts", 10)), seed)}
+    cache: dict = {}
+    out_rows, overhead, preds = [], [], {}
     jobs = [(a, s) for s in specs for a in depths]  # spec-major: a time budget drops whole specs, not a depth
     budget = float(cfg.get("time_budget_s", float("inf")))
     ks = [int(k) for k in cfg.get("paired_k", [])]
@@ -283,24 +263,25 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
         tj = time.perf_counter()
         pipe = _pipeline(spec, train[a])
         test = clean_test[a]
-        pipe = with_trained_adapter(loaded, pipe, a, cfg.get("corpora", ["prose"]), seed, workdir)
-        if pipe.model_items:  # a private head: the victim's states come from its own layers
-            test, _ = split_taps(victim_model(loaded, pipe, a), cfg, [a], "test",
-                            int(cfg.get("test_tokens", 800)) // n_corp)
-            test = as_public(test[a], loaded)
-        clean, test = test, defend_taps(test, pipe)
+        pipe = with_trained_adapter(loaded, pipe, a, corpora, seed, workdir)
+        if pipe.model_items:  # a private head: the victim's states come from its own layers (same sequences)
+            test = as_public(test_pool(victim_model(loaded, pipe, a), grid, [heads[a]])[heads[a]], loaded)
+        clean = take(test, data.chosen[heads[a]])
+        target = defend_taps(clean, pipe)
         pairs = _deployment_pairs(loaded, cfg, pipe, a, ks) if pipe.model_items and ks else None
+        run = f"defenses/{Boundary('head', a)}/{public_label(pipe)}"
         names = [n for n in attackers if applies(get_attack_class(n), pipe)]  # each where it is designed to apply
-        tried = [x for n in names for x in _attack(loaded, n, options.get(n, {}), pipe, train[a], test, rows[a],
-                                                   seed, pairs, _common_tokens(names, options), clean)]
-        best = _best(tried)
+        tried = [x for n in names for x in _attack(loaded, n, options.get(n, {}), pipe, train[a], target, seed,
+                                                   run, preds, pairs, n_boot, clean)]
+        best = strongest(tried)
+        gaps_to_strongest(tried, best, n_boot, seed)
         row = {"job": j, "depth": a, "defense": public_label(pipe),
                "family": pipe.items[0].name if pipe.items else "none",
                "strength": {d.name: d.strength_value() for d in pipe.items}, "describe": pipe.describe(),
-               "attackers": tried, "best": best, **defended_utility(loaded, a, tail, pipe, seqs),
-               **_cost(loaded, a, tail, pipe, cfg, reference)}
+               "attackers": tried, "best": best, "scored_set": dict(zip(("tokens", "documents"), set_size(target))),
+               **cell_utility(loaded, a, tail, pipe, cfg, texts, cache, seed)}
         out_rows.append({**row, "job_seconds": time.perf_counter() - tj})
-        _record(results, f"defenses/{Boundary('head', a)}/{row['defense']}", row)
+        _record(results, run, row)
     adapters.cleanup()
     d = loaded.hidden_size
     for spec in cfg.get("overhead", []) if shard.first else []:
@@ -310,7 +291,8 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
         add_metric(results, f"defenses/overhead/{o['defense']}/T{o['tokens']}", "ms_per_step",
                    metric(o["ms"], higher_is_better=False, kind="info", unit="ms"))
     return {"rows": [_summary(r) for r in out_rows], "random_split": splits, "overhead": overhead,
-            "seconds": time.perf_counter() - t0, "skipped": skipped, "attacker_options": options}
+            "seconds": time.perf_counter() - t0, "skipped": skipped, "attacker_options": options,
+            "scored_set": asdict(sset), "elsewhere": rows_elsewhere(cfg), "predictions": preds}
 
 
 def _summary(row: dict) -> dict:
@@ -320,9 +302,9 @@ def _summary(row: dict) -> dict:
         keep = {k: m[k] for k in ("template_token_acc_top1", "lift_token_acc_top1", "baseline_uniform_top1",
                                   "baseline_unigram_top1", "baseline_position_top1") if k in m}
         return {"attack": x["attack"], "threat_model": x["threat_model"], "top1": m["token_acc_top1"], **keep,
-                **{k: x[k] for k in ("k", "pairs_used", "kept_public", "common_top1") if k in x},
-                **{k: v for k, v in x.items() if k.startswith("adapter_")},
-                **({"seconds": x["seconds"], "test_tokens": x["test_tokens"]} if "seconds" in x else {})}
+                **{k: x[k] for k in ("k", "pairs_used", "kept_public", "gap_to_best", "doc_top1", "seconds",
+                                     "seconds_per_token", "test_tokens") if k in x},
+                **{k: v for k, v in x.items() if k.startswith("adapter_")}}
 
     return {**{k: v for k, v in row.items() if k not in ("attackers", "best")},
             "attackers": [short(x) for x in row["attackers"]], "best": short(row["best"])}
@@ -351,32 +333,31 @@ def defenses_section(data: dict, out) -> list[str]:
     from benchmarks.defenses_answers import answers_section
     from benchmarks.plots_defenses import plot_frontier
 
-    rows = data.get("rows", [])
+    data = {**data, "rows": with_undefended_gaps(data.get("rows", []))}  # paired, from per-document counts
+    rows = data["rows"]
+    sset = data.get("scored_set")
+    size = (f" (per cell: {sset['user_tokens']} user-text tokens from each of up to {sset['docs_per_corpus']} "
+            f"documents per corpus, floor {sset['min_tokens']} tokens from {sset['min_documents']} documents)"
+            if sset else "")
     lines = ["## Defenses against adaptive attackers", "",
-             "Recovery: the best attacker's top-1 on the victim's defended held-out states (95% CI over "
-             "documents); attackers know the mechanism and its public parameters, not its draws or secret weights. "
-             "Utility against the undefended model; cost measured under the defense (tok/s modelled at 80 ms, "
-             "100 Mbit/s). vocab-match-adaptive is scored on sequence prefixes of the test documents, learned "
-             "attackers on every test token (n = user-text tokens scored: a prefix of a chat document that holds "
-             "only the chat template adds none); the best attacker is the one with the highest top-1 on the "
-             "prefixes every attacker is scored on.", "", SCOPE, "",
-             "| depth | defense | best attacker (threat model) | recovery top-1 [CI] | lift over strongest baseline | "
-             "template top-1 | next-token agreement | perplexity (undefended) | greedy identity | bytes/step | "
-             "tau combined | tok/s @80 ms |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        b = r["best"]["top1"]
-        lines.append(f"| {r['depth']} | `{r['defense']}` | {r['best']['attack']} ({r['best']['threat_model']}) | "
-                     f"{_pct(b['value'])} [{_pct(b['ci_low'])}, {_pct(b['ci_high'])}] n={b['n']} | "
-                     f"{cell(r['best'].get('lift_token_acc_top1'), signed=True)} | "
-                     f"{cell(r['best'].get('template_token_acc_top1'))} | "
-                     f"{_pct(r['next_token_agreement'])} | {r['perplexity']:.2f} ({r['perplexity_undefended']:.2f}) | "
-                     f"{_pct(r['greedy_identity'])} | {r['bytes_per_step']:.0f} | {r['tau_combined']:.2f} | "
-                     f"{r['modelled_tok_s_80ms']:.2f} |")
+             "Recovery: the strongest attacker's top-1 on the victim's defended held-out states; every attacker of a "
+             "cell is scored on exactly the cell's scored set" + size + ": held-out, de-duplicated user text of "
+             "every corpus, chat user turns included, template and special positions public and scored apart. "
+             "Attackers know the mechanism and its public parameters, not its draws or secret weights. "
+             "Differences (defended minus undefended, strongest minus each other attacker) are paired bootstraps "
+             "over documents; * marks an interval that excludes 0. Utility against the undefended model on "
+             "held-out chat-form text (the model's template and special tokens), intervals over sequences and "
+             "prompts; cost measured under the defense (tok/s modelled at 80 ms, 100 Mbit/s).", "", SCOPE, "",
+             *recovery_table(rows), "", "Every attacker on the cell's scored set (top-1 % [95% CI]):", "",
+             *attackers_table(rows), "", "Utility and cost:", "", *utility_table(rows)]
     lines += _baseline_lines(rows)
     if data.get("attacker_options"):
         lines += ["", "Attacker options (the suite's, over each recipe's defaults): " + "; ".join(
             f"{n}: " + ", ".join(f"{k}={v}" for k, v in o.items()) for n, o in data["attacker_options"].items()) + "."]
+    if data.get("elsewhere") and data["elsewhere"]["cells"]:
+        e = data["elsewhere"]
+        lines += ["", f"Cells measured only in the `{e['suite']}` suite (this suite keeps fewer rows at the same "
+                      f"sample sizes): {', '.join(e['cells'])}."]
     if data.get("skipped"):
         lines += ["", f"Left out by the stage's time budget: {', '.join(data['skipped'])}."]
     guarantees = sorted({g for r in rows for g in r["describe"] if "DP per released vector" in g})

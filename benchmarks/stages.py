@@ -129,12 +129,13 @@ register_stage("ngram_ablation", "benchmarks.stage_ablation:stage_ngram_ablation
 # attacks: wire_tokens = generated tokens per corpus scored on wire taps (the output side)
 register_stage("attacks", "benchmarks.stage_attacks:stage_attacks",
                f"head_depths:list tail_depths:list attacks:list {ATTACK_DATA} seed_protocol:bool wire_tokens:int "
-               "val_tokens:int defense:str", "inversion attackers trained and scored per head/tail depth and corpus",
+               "val_tokens:int defense:str scored_set:dict max_doc_tokens:int", "inversion attackers trained and scored per head/tail depth and corpus",
                shardable=True)
 # defenses: canonical specs ("none" = undefended); time_budget_s is enforced (no new configuration starts
 # after it), budget_s only reported; paired_k = known-plaintext pairs per paired attacker against privately
 # changed local layers
 register_stage("defenses", "benchmarks.stage_defenses:stage_defenses",
-               f"head_depths:list tail_layers:int defenses:list attackers:list {ATTACK_DATA} utility_sequences:int "
+               f"head_depths:list tail_layers:int defenses:list attackers:list {ATTACK_DATA} utility_positions:int "
+               "greedy_prompts:int scored_set:dict max_doc_tokens:int n_boot:int rows_elsewhere:str "
                "categories:list tokens:int decoding_options:dict overhead:list time_budget_s:float paired_k:list",
                "defense x strength x adaptive attacker per head depth: recovery, utility and cost", shardable=True)

@@ -44,6 +44,11 @@ steps 2-3, which would scan the capped vocabulary in vain at every position
 full scan without a match the nearest token is the best guess there is, and
 the search goes on normally.
 
+Public positions (chat-template tokens and tokenizer-added special tokens,
+:func:`attacks.public.public_mask`; ``public_known``, default on) are known to
+the cloud (DESIGN.md section 4): their token is taken into the prefix without
+a search (one forward for its cache entry). They are never scored as user text.
+
 The nearest-match rule makes it robust to fp16 wire rounding (measured
 distance of the true token ~1e-4 on fp16 states, of the nearest other token
 >= 4e-2, on the default model at depths 1-16). ``info`` reports seconds per
@@ -63,6 +68,7 @@ import torch
 
 from attacks.base import Inversion, InversionAttack
 from attacks.errors import AttackError
+from attacks.public import public_mask
 from attacks.registry import make_attack, register_attack
 from attacks.tapdata import Taps
 
@@ -129,7 +135,7 @@ class VocabMatch(InversionAttack):
     scoring = "prefixes"  # seconds per token on CPU: scored on sequence prefixes (scoring_subset)
     defaults = {"tol": 5e-3, "batch_sizes": [8, 64], "max_batch": 512, "max_candidates": None,
                 "proposer": "linear-embed", "proposer_tokens": 20000, "random_tokens": 8192, "grad_steps": 100,
-                "grad_check": 5, "grad_topk": 16, "grad_lr": 0.15}
+                "grad_check": 5, "grad_topk": 16, "grad_lr": 0.15, "public_known": True}
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
@@ -280,12 +286,16 @@ class VocabMatch(InversionAttack):
                 "device": device, "emb": emb, "emb_std": float(emb.float().std())}
         t0 = time.perf_counter()
         after_miss = np.zeros(n, bool)  # positions behind a miss in their sequence: their prefix is wrong
+        # public positions (chat template, added special tokens) are known to the cloud: taken, not searched
+        known = public_mask(taps) if hp.get("public_known", True) else np.zeros(n, bool)
         for _, rows in taps.sequences():
             cache, missed = _PrefixCache(), False
             for pos, row in enumerate(range(rows.start, rows.stop)):
                 obs = torch.as_tensor(np.asarray(taps.hidden[row], dtype=np.float32), device=device)  # (d,)
                 y_row, x_row = None if ys is None else ys[row], None if extra is None else extra[row]
                 order = self._candidates(y_row, x_row, vocab, head=sum(sizes))[:limit]
+                if known[row]:
+                    order = np.asarray([int(taps.token_ids[row])])
                 ctx = {**base, "cache": cache, "obs": obs, "pos": torch.tensor([pos]), "tried": np.zeros(vocab, bool),
                        "ids": [], "dists": [], "best": float("inf"), "best_kv": None, "forwards": 0, "grad_steps": 0}
                 done, a = False, 0
@@ -294,15 +304,17 @@ class VocabMatch(InversionAttack):
                     if done:
                         break
                 after_miss[row] = missed  # behind a miss no candidate can match: keep the nearest first guess
-                if not done and not missed and int(hp["grad_steps"]) > 0:  # SipIt-style gradient-guided candidates
+                skip = missed or bool(known[row])
+                if not done and not skip and int(hp["grad_steps"]) > 0:  # SipIt-style gradient-guided candidates
                     grad_used[row] = True
                     init = ys[row] if ys is not None else emb.float().mean(0)
                     done = self._gradient_search(ctx, init)
-                if not done and not missed:
+                if not done and not skip:
                     order = self._candidates(y_row, x_row, vocab)[:limit]
                     while not done and a < len(order):  # fall back to the rest of the vocabulary
                         done, a = self._try(ctx, order[a: a + int(hp["max_batch"])]), a + int(hp["max_batch"])
                 ids, dists = np.concatenate(ctx["ids"]), np.concatenate(ctx["dists"])
+                done = done or bool(known[row])
                 scanned[row], forwards[row], accepted[row] = len(ids), ctx["forwards"], done
                 missed = missed or (not done and len(ids) < vocab)  # a capped scan left the true token out
                 grad_steps[row] = ctx["grad_steps"]

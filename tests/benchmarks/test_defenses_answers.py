@@ -32,5 +32,14 @@ def test_a_drop_inside_the_intervals_is_not_called_a_drop() -> None:
     none = _row("none", 1.0, 0.794, 1.0)
     assert answer_a([none, _row("lora-random", 0.875, 0.75, 1.0)]).startswith("not shown: recovery falls by up to 12.5")
     assert answer_a([none, _row("lora-random", 0.60, 0.50, 0.70)]).startswith("yes, partly: recovery falls by up to "
-                                                                             "40.0 points outside both")
+                                                                             "40.0 points (significant")
     assert answer_a([none, _row("lora-random", 0.98, 0.95, 1.0)]).startswith("no: recovery falls by at most 2.0")
+
+
+def test_a_drop_is_judged_by_the_paired_difference_where_the_rows_have_it() -> None:
+    """Overlapping intervals, but the paired bootstrap over the same documents excludes 0: a drop (issue 28)."""
+    none = _row("none", 1.0, 0.794, 1.0)
+    row = {**_row("lora-random", 0.875, 0.75, 1.0), "vs_undefended": {"value": -0.125, "ci_low": -0.2, "ci_high": -0.05}}
+    assert answer_a([none, row]).startswith("yes, partly: recovery falls by up to 12.5 points (significant")
+    row["vs_undefended"] = {"value": -0.125, "ci_low": -0.3, "ci_high": 0.02}
+    assert answer_a([none, row]).startswith("not shown")

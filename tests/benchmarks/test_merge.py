@@ -45,7 +45,8 @@ corpora = ["file:CORPUS"]
 train_tokens = 500
 test_tokens = 160
 max_length = 32
-utility_sequences = 1
+utility_positions = 40
+greedy_prompts = 2
 tokens = 4
 options = { "linear-probe" = { epochs = 1 } }
 overhead = ["quant(format=int8)"]

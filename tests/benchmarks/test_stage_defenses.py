@@ -17,13 +17,14 @@ def cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
     monkeypatch.setenv("SPLITINFER_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "docs.jsonl"
     path.write_text("\n".join(json.dumps({"doc_id": f"d{i}", "text": f"Note {i}: the fox jumps {i * 31} times."})
-                              for i in range(40)), encoding="utf-8")
+                              for i in range(120)), encoding="utf-8")
     return {"head_depths": [2], "tail_layers": 1, "corpora": [f"file:{path}"], "train_tokens": 600,
-            "test_tokens": 160, "max_length": 32, "utility_sequences": 2, "tokens": 6,
+            "test_tokens": 320, "max_length": 32, "utility_positions": 60, "greedy_prompts": 3, "tokens": 6,
+            "scored_set": {"user_tokens": 8, "docs_per_corpus": 8, "min_tokens": 48, "min_documents": 6},
             "defenses": ["none", "noise(sigma=0.5)", "quant(format=int8)", "lora-random(rank=2,scale=0.5)",
                          "random-split(depths=1,4)"],
             "attackers": ["vocab-match-adaptive"], "overhead": ["quant(format=int8)"],
-            "options": {"vocab-match-adaptive": {"scored_tokens": 16, "random_tokens": 128, "max_candidates": 64,
+            "options": {"vocab-match-adaptive": {"random_tokens": 128, "max_candidates": None, "grad_steps": 5,
                                                  "batch_sizes": [64]}}}
 
 
@@ -46,6 +47,16 @@ def test_stage_grid(cfg: dict, tmp_path: Path) -> None:
     assert noise["best"]["top1"]["value"] < none["best"]["top1"]["value"]
     assert rows["quant"]["best"]["threat_model"] == "white-box (exact), adaptive"
     assert rows["lora-random"]["best"]["threat_model"] == "shadow, adaptive"
+    for r in out["rows"]:  # issue 28 findings 1 and 5: the cell's one scored set, utility sizes and intervals
+        assert r["scored_set"]["tokens"] == r["best"]["top1"]["n"] >= 48 and r["scored_set"]["documents"] >= 6
+        iv = r["intervals"]
+        assert iv["next_token_agreement"]["n"] == r["positions"] >= 60 and r["greedy_prompts"] == 3
+        assert iv["greedy_identity"]["n"] == iv["answer_token_f1"]["n"] == 3 and "answer_perplexity" in iv
+        assert iv["perplexity"]["ci_low"] <= r["perplexity"] <= iv["perplexity"]["ci_high"]
+    from benchmarks.grid_cell import with_undefended_gaps
+
+    gaps = {r["defense"].split("(")[0]: r["vs_undefended"] for r in with_undefended_gaps(out["rows"])}
+    assert gaps["none"]["value"] == 0.0 and gaps["noise"]["value"] < 0  # paired over the same documents
     run = results["results"][f"defenses/head:2/{noise['defense']}"]
     assert {"recovery_top1", "next_token_agreement", "perplexity", "greedy_identity", "bytes_per_step",
             "tau_combined", "modelled_tok_s_80ms"} <= set(run)
@@ -65,7 +76,8 @@ def test_stage_grid(cfg: dict, tmp_path: Path) -> None:
     assert any("DP per released vector" in line for line in lines)
     opts = next(line for line in lines if line.startswith("Attacker options"))  # the suite's options are shown
     assert all(f"{k}={v}" in opts for o in cfg["options"].values() for k, v in o.items()), opts
-    again = defenses_section(json.loads(json.dumps(out)), tmp_path)  # as a merge or bench report reads it back
+    kept = {k: v for k, v in out.items() if k != "predictions"}  # bench run writes the predictions apart
+    again = defenses_section(json.loads(json.dumps(kept)), tmp_path)  # as a merge or bench report reads it back
     assert any(re.search(r"sessions per depth 1: \d+, 4: \d+\.", line) for line in again), again
     assert any(line.startswith("End to end (white-box (learned), adaptive") for line in lines)
     assert (tmp_path / "defenses_frontier_head2.png").stat().st_size > 1000
@@ -101,13 +113,34 @@ def test_lora_private_is_shadow_and_paired_attackers_report_k(cfg: dict, tmp_pat
     assert 0 < by[("linear-probe+paired", 40)]["pairs_used"] <= 40
     assert private["best"]["attack"] in ("vocab-match-adaptive", "linear-probe")  # best: without deployment pairs
     vm, lp = by[("vocab-match-adaptive", None)], by[("linear-probe", None)]
-    assert lp["top1"]["n"] > vm["top1"]["n"] == lp["common_top1"]["n"] == vm["common_top1"]["n"]  # one scope
-    assert private["best"]["common_top1"]["value"] == max(vm["common_top1"]["value"], lp["common_top1"]["value"])
+    # issue 28 finding 3: every attacker on the same tokens, the cell's recovery the maximum over them
+    assert lp["top1"]["n"] == vm["top1"]["n"] == by[("linear-probe+paired", 40)]["top1"]["n"]
+    assert private["best"]["top1"]["value"] == max(vm["top1"]["value"], lp["top1"]["value"])
+    weaker = lp if private["best"]["attack"] == "vocab-match-adaptive" else vm
+    assert weaker["gap_to_best"]["value"] == private["best"]["top1"]["value"] - weaker["top1"]["value"]
     assert "defenses/head:2/lora-private(rank=2,steps=3)/linear-probe+paired/k=40" in results["results"]
     text = "\n".join(answers_section(out))
     assert "(e) " in text and "paired (known-plaintext pairs from the deployment): linear-probe k=0" in text
     assert "(a) Does a random LoRA" in text and "not measured in this suite" in text
     assert none["best"]["top1"]["value"] == 1.0
+
+
+def test_attack_rescore_reproduces_every_defense_row(cfg: dict, tmp_path: Path) -> None:
+    """Issue 28 finding 8: the stage writes every attacker's per-token predictions of every cell, and
+    `attack rescore` recomputes each row's metrics (value, interval, n) from them alone."""
+    from attacks.predictions import rescore_dir, write_all
+
+    results = {"config": {"seed": 0}, "results": {}}
+    out = stage_defenses(load_model("tiny-random"), {
+        **cfg, "defenses": ["none", "quant(format=int8)"], "overhead": [],
+        "attackers": ["vocab-match-adaptive", "linear-probe"],
+        "options": {**cfg["options"], "linear-probe": {"epochs": 1}}}, results)
+    (tmp_path / "results.json").write_text(json.dumps({"results": results["results"]}), encoding="utf-8")
+    write_all(out["predictions"], tmp_path)
+    checked = rescore_dir(tmp_path)
+    runs = {f"defenses/head:2/{r['defense']}/{x['attack']}" for r in out["rows"] for x in r["attackers"]}
+    assert {c["run"] for c in checked} == runs and len(runs) == 4
+    assert all(c["complete"] and not c["missing"] and not c["mismatches"] and c["metrics"] > 5 for c in checked)
 
 
 def test_defenses_table_scores_user_text_with_baselines(cfg: dict, tmp_path: Path) -> None:
@@ -165,31 +198,22 @@ def test_baselines_are_reported_beside_a_table_without_an_undefended_row(tmp_pat
     assert "Baselines beside the table" in text and "unigram 5.0 [3.0, 7.0]" in text
 
 
-def test_the_best_attacker_is_chosen_on_the_tokens_every_attacker_is_scored_on() -> None:
-    """vocab-match on 16 prefix tokens against a probe on 358 tokens: the probe's higher all-token top-1 does not
-    make it the stronger attacker when it recovers less of the prefixes both are scored on (paired rows aside)."""
-    from benchmarks.stage_defenses import _best
-
-    vm = {"attack": "vocab-match-adaptive", "metrics": {"token_acc_top1": _m(0.5, 0.25, 0.75, 16)},
-          "common_top1": _m(0.5, 0.25, 0.75, 16)}
-    lp = {"attack": "linear-probe", "metrics": {"token_acc_top1": _m(0.6, 0.55, 0.65, 358)},
-          "common_top1": _m(0.375, 0.125, 0.625, 16)}
-    paired = {"attack": "linear-probe+paired", "k": 100, "metrics": {"token_acc_top1": _m(0.9, 0.8, 1.0, 16)}}
-    assert _best([lp, vm, paired])["attack"] == "vocab-match-adaptive"
-
-
 def test_greedy_identity_counts_the_prompts_it_is_measured_on() -> None:
     """Greedy identity is a mean over the suite's prompts; its n is theirs, not the utility's teacher-forced
     positions (next-token agreement's n)."""
     from benchmarks.stage_defenses import _record
 
     best = {"attack": "linear-probe", "metrics": {"token_acc_top1": _m(0.5, 0.4, 0.6, 300)}}
+    intervals = {"next_token_agreement": _m(0.9, 0.85, 0.95, 100), "perplexity": _m(30.0, 28.0, 32.0, 100),
+                 "greedy_identity": _m(0.5, 0.2, 0.8, 2), "answer_token_f1": _m(0.7, 0.5, 0.9, 2),
+                 "answer_perplexity": _m(3.0, 2.0, 4.0, 48)}
     row = {**_row(2, "none", "none", _m(0.5, 0.4, 0.6, 300)), "best": best, "attackers": [best],
-           "greedy_prompts": 2}
+           "greedy_prompts": 2, "intervals": intervals}
     results = {"results": {}}
     _record(results, "defenses/head:2/none", row)
     run = results["results"]["defenses/head:2/none"]
     assert run["greedy_identity"]["n"] == 2 and run["next_token_agreement"]["n"] == 100
+    assert run["next_token_agreement"]["ci_low"] == 0.85 and run["answer_token_f1"]["ci_high"] == 0.9
 
 
 def test_a_paired_label_keeps_what_the_attacker_knows_besides_the_pairs():
@@ -218,7 +242,7 @@ def test_a_spec_the_model_cannot_run_stops_the_stage_before_any_work(monkeypatch
     import benchmarks.stage_defenses as sd
     from splitinfer.defenses import DefenseError
 
-    monkeypatch.setattr(sd, "split_taps", lambda *a, **k: pytest.fail("extracted taps before checking the specs"))
+    monkeypatch.setattr(sd, "grid_data", lambda *a, **k: pytest.fail("extracted taps before checking the specs"))
     with pytest.raises(DefenseError, match=r"\[defenses\] spec 'quant\(format=int4,group=6\)': quant: int4 needs"):
         stage_defenses(load_model("tiny-random"), {"defenses": ["none", "quant(format=int4,group=6)"]},
                        {"config": {"seed": 0}, "results": {}})
@@ -234,22 +258,24 @@ def test_the_fitted_attacker_runs_in_the_stage_by_name(cfg: dict, monkeypatch: p
     from splitinfer.defenses import DefensePipeline
 
     seen = []
-    score = stage.score
-    monkeypatch.setattr(stage, "score", lambda inv, *a, **k: (seen.append(inv.info), score(inv, *a, **k))[1])
+    score = stage.score_on_set
+    monkeypatch.setattr(stage, "score_on_set", lambda inv, *a, **k: (seen.append(inv.info), score(inv, *a, **k))[1])
     tiny = load_model("tiny-random")
     train, _ = split_taps(tiny, cfg, [2], "train", 300)
-    clean, rows = split_taps(tiny, cfg, [2], "test", 80)
-    opts = {"scored_tokens": 16, "random_tokens": 128, "max_candidates": 64, "batch_sizes": [64], "grad_steps": 0,
-            "fit_steps": 10}
+    clean, _ = split_taps(tiny, cfg, [2], "test", 80)
+    opts = {"random_tokens": 128, "max_candidates": 64, "batch_sizes": [64], "grad_steps": 0, "fit_steps": 10}
     for spec, label in (("none", "white-box (exact)"), ("lora-random(rank=2,scale=0.5)", "shadow, adaptive")):
         pipe = DefensePipeline.parse(spec)
         test = clean[2] if pipe.is_none else as_public(split_taps(victim_model(tiny, pipe, 2), cfg, [2], "test", 80)[0][2],
                                                        tiny)
-        (row,) = _attack(tiny, "vocab-match-fitted", opts, pipe, train[2], test, rows[2], 0, common=16)
+        preds: dict = {}
+        target = test.select_sequences(range(4)).truncate(4)
+        (row,) = _attack(tiny, "vocab-match-fitted", opts, pipe, train[2], target, 0, "run", preds)
         assert row["attack"] == "vocab-match-fitted" and row["threat_model"] == label and is_design_label(label)
         assert row["test_tokens"] > 0 and 0.0 <= row["metrics"]["token_acc_top1"]["value"] <= 1.0
-        assert seen.pop()["adapter_fitted"] is not pipe.is_none and not seen  # scored once: 16 tokens = common
+        assert seen.pop()["adapter_fitted"] is not pipe.is_none and not seen  # scored once, on the cell's set
         assert row["adapter_fitted"] is not pipe.is_none  # the fit's record reaches the results
+        assert list(preds) == ["run/vocab-match-fitted"]  # its per-token predictions
         if pipe.is_none:
             assert row["metrics"]["token_acc_top1"]["value"] == 1.0  # the public head is the victim's
 
@@ -258,20 +284,22 @@ def test_a_model_without_a_chat_template_gets_its_cost_measured_on_plain_prompts
     """Regression: the cost columns always asked for the chat template, so the stage stopped ("has no chat
     template; drop --chat") on gemma3-270m's GGUF, a model without one. Without a template the prompts go in
     plain, as `generate` without --chat does."""
-    from benchmarks.stage_defenses import _cost
+    from benchmarks.defense_utility import cost as _cost
     from splitinfer.defenses import DefensePipeline
 
     tiny = load_model("tiny-random")
     tiny.tokenizer.chat_template = None
-    row = _cost(tiny, 1, 1, DefensePipeline.parse("none"), {"tokens": 4}, {})
-    assert row["greedy_identity"] == 1.0 and row["bytes_per_step"] > 0
+    from splitinfer.client import SplitModel
+
+    row = _cost(tiny, SplitModel(tiny, "1,1", defense=DefensePipeline.parse("none")), {"tokens": 4})
+    assert row["tau_combined"] >= 1.0 and row["modelled_tok_s_80ms"] > 0
 
 
 def test_attackers_run_only_where_they_apply(cfg: dict) -> None:
     """The noise attacks (whitened, session-average) run on noise rows only; session-average sees resent sessions."""
-    small = {**cfg, "defenses": ["none", "noise(sigma=0.5)"], "overhead": [], "utility_sequences": 1,
+    small = {**cfg, "defenses": ["none", "noise(sigma=0.5)"], "overhead": [], "greedy_prompts": 1,
              "attackers": ["vocab-match-adaptive", "vocab-match-whitened", "session-average"],
-             "options": {n: {"scored_tokens": 8, "random_tokens": 128, "max_candidates": 32, "beam": 1}
+             "options": {n: {"random_tokens": 128, "max_candidates": 32, "beam": 1}
                          for n in ("vocab-match-adaptive", "vocab-match-whitened", "session-average")}}
     out = stage_defenses(load_model("tiny-random"), small, {"config": {"seed": 0}, "results": {}})
     ran = {r["defense"].split("(")[0]: [x["attack"] for x in r["attackers"]] for r in out["rows"]}

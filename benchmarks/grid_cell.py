@@ -1,0 +1,84 @@
+"""One cell of the grid: every attacker scored on the same set, the strongest reported, the others beside it.
+
+A cell is (model, head depth, defense); its scored set is
+:func:`benchmarks.scored_set.common_set`, and both the attack grid
+(:mod:`benchmarks.attack_grid`, defense ``none``) and the defenses stage
+(:mod:`benchmarks.stage_defenses`) score through :func:`score_on_set`, so the
+attacks table and the defense tables cannot drift apart (issue 28, "one grid").
+
+Issue 28 finding 3: the best attacker used to be picked on a few common prefix
+tokens while its score on its own, wider token set was reported, so 8 of the
+42 full-grid rows printed a figure below another attacker of the same cell.
+Here every attacker is scored on exactly the cell's set, the cell's recovery
+is the maximum top-1 over its attackers (:func:`strongest`), and each other
+attacker's gap to it is a paired bootstrap over documents
+(:func:`attacks.metrics.paired_bootstrap_diff`, DESIGN.md section 5).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from attacks.base import Inversion
+from attacks.evaluate import collect, doc_top1_counts
+from attacks.metrics import paired_bootstrap_diff
+from attacks.metrics.baselines import TokenPrior
+from attacks.predictions import Predictions
+from attacks.tapdata import Taps
+
+__all__ = ["score_on_set", "strongest", "paired_gap", "gaps_to_strongest", "with_undefended_gaps"]
+
+
+def score_on_set(inv: Inversion, target: Taps, *, vocab: int, prior: TokenPrior, n_boot: int, seed: int,
+                 meta: dict[str, Any]) -> tuple[dict[str, Any], Predictions]:
+    """(``{"metrics", "doc_top1", "test_tokens"}``, per-token predictions) of ``inv`` on the whole of ``target``."""
+    pred = collect(inv, target, vocab_size=vocab, prior=prior, n_boot=n_boot, seed=seed, meta=meta)
+    return {"metrics": pred.summarize(), "doc_top1": doc_top1_counts(pred), "test_tokens": target.n_tokens}, pred
+
+
+def strongest(tried: list[dict[str, Any]]) -> dict[str, Any]:
+    """The attacker of a cell with the highest user-text top-1 on the cell's set (ties: the first listed).
+
+    Attackers holding deployment pairs (``k``, the ``paired`` threat model) are a different threat model and
+    are left out."""
+    pool = [x for x in tried if "k" not in x]
+    return max(pool, key=lambda x: x["metrics"]["token_acc_top1"]["value"])
+
+
+def paired_gap(a: dict[str, Any], b: dict[str, Any], n_boot: int = 1000, seed: int = 0
+               ) -> dict[str, Any] | None:
+    """top-1 of ``a`` minus ``b`` with a paired bootstrap interval over their shared documents (None: none shared).
+
+    ``a`` and ``b`` carry ``doc_top1`` (:func:`attacks.evaluate.doc_top1_counts`)."""
+    da, db = a.get("doc_top1"), b.get("doc_top1")
+    if not da or not db:
+        return None
+    index = {d: i for i, d in enumerate(db["doc_ids"])}
+    pairs = [(i, index[d]) for i, d in enumerate(da["doc_ids"]) if d in index]
+    if not pairs:
+        return None
+    ia, ib = (np.asarray(p, dtype=np.int64) for p in zip(*pairs))
+    ca, ta = np.asarray(da["correct"])[ia], np.asarray(da["total"])[ia]
+    cb, tb = np.asarray(db["correct"])[ib], np.asarray(db["total"])[ib]
+    if ta.sum() == 0 or tb.sum() == 0:
+        return None
+    diff, lo, hi = paired_bootstrap_diff(ca, ta, cb, tb, n_boot=n_boot, seed=seed)
+    return {"value": diff, "ci_low": lo, "ci_high": hi, "n": len(pairs)}
+
+
+def gaps_to_strongest(tried: list[dict[str, Any]], best: dict[str, Any], n_boot: int = 1000,
+                      seed: int = 0) -> None:
+    """Give every attacker of a cell ``gap_to_best``: the strongest's top-1 minus its own (paired, over documents)."""
+    for x in tried:
+        x["gap_to_best"] = None if x is best else paired_gap(best, x, n_boot, seed)
+
+
+def with_undefended_gaps(rows: list[dict[str, Any]], n_boot: int = 1000, seed: int = 0) -> list[dict[str, Any]]:
+    """Copies of defense rows with ``vs_undefended``: the row's recovery minus the undefended row's at the same
+    head depth, a paired bootstrap over their shared documents (None without an undefended row). Computed from
+    the rows' per-document counts, so a merge of shards gives what one run gives."""
+    none = {r["depth"]: r["best"] for r in rows if r.get("family") == "none"}
+    return [{**r, "vs_undefended": paired_gap(r["best"], none[r["depth"]], n_boot, seed)
+             if r["depth"] in none else None} for r in rows]
