@@ -46,6 +46,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from attacks.plugins import droppable
 from attacks.defended import as_public, attacker_view, defend_taps, show_cloud, victim_model
 from attacks.evaluate import prior_from_taps, score
 from attacks.recipes.vocab_match import scoring_subset
@@ -58,11 +59,12 @@ from benchmarks.attack_tables import SCOPE, baseline_line, cell
 from benchmarks.defenses_private import paired_label, public_label, with_trained_adapter
 from benchmarks.defenses_overhead import overhead_ms
 from benchmarks.defenses_random_split import random_split_row
-from benchmarks.schema import add_metric, metric
+from benchmarks.schema import add_metric, metric, record_failure
 from benchmarks.shard import Shard
 from splitinfer.client import SplitModel
 from splitinfer.defenses import DefensePipeline, check_specs
 from splitinfer.defenses.base import format_items
+from splitinfer.errors import ComponentError
 from splitinfer.timing import fit
 
 log = logging.getLogger(__name__)
@@ -230,6 +232,60 @@ def _record(results: dict, run: str, row: dict) -> None:
                    metric(m["value"], m["ci_low"], m["ci_high"], m["n"], False, kind="accuracy"))
 
 
+def _droppable_defense(spec: str, error: BaseException) -> str | None:
+    """:func:`attacks.plugins.droppable` for the defenses a spec composes: wrong output of any, or any error when
+    one of them is a plugin's."""
+    if isinstance(error, ComponentError):
+        return str(error)
+    for d in DefensePipeline.parse(spec).items:
+        why = droppable("defense", d.name, error)
+        if why is not None:
+            return why
+    return None
+
+
+def _job(loaded, cfg: dict, j: int, a: int, spec: str, train: dict, clean_test: dict, rows: dict,
+         attackers: list[str], options: dict, seed: int, ks: list[int], workdir: str, tail: int, seqs: list,
+         reference: dict, results: dict) -> dict | None:
+    """One (depth, spec) configuration: its row, or None when every attacker failed (each listed as failed)."""
+    n_corp = len(cfg.get("corpora", ["prose"]))
+    tj = time.perf_counter()
+    pipe = _pipeline(spec, train[a])
+    test = clean_test[a]
+    pipe = with_trained_adapter(loaded, pipe, a, cfg.get("corpora", ["prose"]), seed, workdir)
+    if pipe.model_items:  # a private head: the victim's states come from its own layers
+        test, _ = split_taps(victim_model(loaded, pipe, a), cfg, [a], "test",
+                             int(cfg.get("test_tokens", 800)) // n_corp)
+        test = as_public(test[a], loaded)
+    test = defend_taps(test, pipe)
+    pairs = _deployment_pairs(loaded, cfg, pipe, a, ks) if pipe.model_items and ks else None
+    tried = []
+    for n in attackers + [x for x in _plugin_attackers(pipe) if x not in attackers]:
+        try:
+            tried += _attack(loaded, n, options.get(n, {}), pipe, train[a], test, rows[a], seed, pairs,
+                             _common_tokens(attackers, options))
+        except Exception as e:  # noqa: BLE001 - one failed attacker leaves the others' scores intact
+            why = droppable("attack", n, e)
+            if why is None:
+                raise
+            record_failure(results, "defenses", "attack", f"{n}@{Boundary('head', a)}/{spec}", why)
+    if not any("k" not in x for x in tried):
+        return None
+    best = _best(tried)
+    row = {"job": j, "depth": a, "defense": public_label(pipe),
+           "family": pipe.items[0].name if pipe.items else "none",
+           "strength": {d.name: d.strength_value() for d in pipe.items}, "describe": pipe.describe(),
+           "attackers": tried, "best": best, **defended_utility(loaded, a, tail, pipe, seqs),
+           **_cost(loaded, a, tail, pipe, cfg, reference)}
+    return {**row, "job_seconds": time.perf_counter() - tj}
+
+
+def _plugin_attackers(pipe: DefensePipeline) -> list[str]:
+    """Attackers a defense brings for itself (its ``attackers`` class attribute; a plugin's adaptive attackers),
+    scored beside the suite's."""
+    return [n for d in pipe.items for n in getattr(type(d), "attackers", ())]
+
+
 def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
     """Run the grid; returns rows for the report (see the module docstring)."""
     check_specs(cfg.get("defenses", ["none"]), int(loaded.hidden_size), "[defenses] spec")  # before any work
@@ -270,26 +326,18 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
         if time.perf_counter() - t0 > budget:  # the suite's time budget: report what was left out
             skipped.append(f"{Boundary('head', a)} {spec}")
             continue
-        tj = time.perf_counter()
-        pipe = _pipeline(spec, train[a])
-        test = clean_test[a]
-        pipe = with_trained_adapter(loaded, pipe, a, cfg.get("corpora", ["prose"]), seed, workdir)
-        if pipe.model_items:  # a private head: the victim's states come from its own layers
-            test, _ = split_taps(victim_model(loaded, pipe, a), cfg, [a], "test",
-                            int(cfg.get("test_tokens", 800)) // n_corp)
-            test = as_public(test[a], loaded)
-        test = defend_taps(test, pipe)
-        pairs = _deployment_pairs(loaded, cfg, pipe, a, ks) if pipe.model_items and ks else None
-        tried = [x for n in attackers for x in _attack(loaded, n, options.get(n, {}), pipe, train[a], test, rows[a],
-                                                       seed, pairs, _common_tokens(attackers, options))]
-        best = _best(tried)
-        row = {"job": j, "depth": a, "defense": public_label(pipe),
-               "family": pipe.items[0].name if pipe.items else "none",
-               "strength": {d.name: d.strength_value() for d in pipe.items}, "describe": pipe.describe(),
-               "attackers": tried, "best": best, **defended_utility(loaded, a, tail, pipe, seqs),
-               **_cost(loaded, a, tail, pipe, cfg, reference)}
-        out_rows.append({**row, "job_seconds": time.perf_counter() - tj})
-        _record(results, f"defenses/{Boundary('head', a)}/{row['defense']}", row)
+        try:
+            row = _job(loaded, cfg, j, a, spec, train, clean_test, rows, attackers, options, seed, ks, workdir, tail,
+                       seqs, reference, results)
+        except Exception as e:  # noqa: BLE001 - a failed defense is left out and listed, never half-recorded
+            why = _droppable_defense(spec, e)
+            if why is None:
+                raise
+            record_failure(results, "defenses", "defense", f"{spec}@{Boundary('head', a)}", why)
+            continue
+        if row is not None:
+            out_rows.append(row)
+            _record(results, f"defenses/{Boundary('head', a)}/{row['defense']}", row)
     adapters.cleanup()
     d = loaded.hidden_size
     for spec in cfg.get("overhead", []) if shard.first else []:

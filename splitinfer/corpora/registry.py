@@ -71,6 +71,13 @@ def register_corpus(name: str, genre: str, description: str, default_split: str 
     return deco
 
 
+def registered_corpora() -> dict[str, CorpusInfo]:
+    """The live registry, built-ins loaded: {name or ``prefix:``: entry}."""
+    import splitinfer.corpora  # noqa: F401  (its modules register the built-in corpora)
+
+    return _REGISTRY
+
+
 def list_corpora() -> list[dict[str, str]]:
     """Known corpora: ``name`` (or pattern), ``genre``, ``description``, ``default_split``."""
     patterns = {"file:": "file:<path>", "hf:": "hf:<dataset>[:<config>]:<split>"}
