@@ -346,10 +346,8 @@ class InversionAttack(Attack):
         return inv
 
     def _who(self) -> str:
-        from attacks.plugins import origin
-
-        where = origin("attack", self.name)
-        return repr(self.name) + (f" ({where})" if where else "")
+        """``'name' (module)``: the recipe and the module (a plugin's) that defines it, for one-line errors."""
+        return f"{self.name!r} ({type(self).__module__})"
 
     @abstractmethod
     def _fit(self, train: Taps, val: Taps | None, trainer: Any) -> None: ...

@@ -39,7 +39,7 @@ from splitinfer.errors import SplitInferError
 log = logging.getLogger(__name__)
 
 __all__ = ["GROUPS", "Plugin", "PluginError", "discover", "droppable", "failures", "load_module", "load_modules", "loaded",
-           "origin", "records", "registries"]
+           "origin", "records", "registries", "unload"]
 
 GROUPS = {"splitinfer.attacks": "attack", "splitinfer.defenses": "defense", "splitinfer.proposers": "proposer",
           "splitinfer.corpora": "corpus"}
@@ -157,6 +157,7 @@ def _import(module: str, label: str, path: Path | None) -> dict[str, tuple[str, 
         for name, old in before[kind].items():
             if reg.get(name) is not old:
                 _restore(regs, before)
+                sys.modules.pop(module, None)
                 raise PluginError(f"plugin {label}: {kind} {name!r} clashes with a built-in or an earlier plugin "
                                   f"({origin(kind, name) or 'built-in'}); register it under another name")
     return {k: tuple(sorted(set(r) - set(before[k]))) for k, r in regs.items() if set(r) - set(before[k])}
@@ -169,7 +170,9 @@ def _add(top: str, source: str, path: Path | None, added: dict[str, tuple[str, .
     comps = dict(old.components) if old else {}
     for kind, names in added.items():  # one package may hold several plugin modules (entry points)
         comps[kind] = tuple(sorted(set(comps.get(kind, ())) | set(names)))
-    plugin = Plugin(top, old.source if old else source, dist, version, source_digest(files), len(files), comps)
+    if old and source not in old.source.split(", "):  # one package, several entry points
+        source = f"{old.source}, {source}"
+    plugin = Plugin(top, source, dist, version, source_digest(files), len(files), comps)
     _LOADED[top] = plugin
     return plugin
 
@@ -266,3 +269,16 @@ def droppable(kind: str, name: str, error: BaseException) -> str | None:
     if where is None or not isinstance(error, Exception):
         return None
     return f"{kind} {name!r} ({where}) raised {type(error).__name__}: {error}; fix the plugin, then rerun"
+
+
+def unload(name: str) -> None:
+    """Forget plugin ``name``: its components leave the registries and its modules ``sys.modules`` (a notebook
+    can then load an edited version; the tests use it to leave no trace)."""
+    plugin = _LOADED.pop(name, None)
+    if plugin is None:
+        return
+    for kind, reg in registries().items():
+        for comp in plugin.components.get(kind, ()):
+            reg.pop(comp, None)
+    for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+        del sys.modules[mod]

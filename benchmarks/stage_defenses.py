@@ -30,6 +30,11 @@ A noise spec without ``clip=`` gets the median per-token L2 norm of the public
 model's training states at that depth (positions >= 1), recorded in its label.
 ``overhead`` times the wire defenses alone per step at the model's width.
 
+Attackers a defense brings (its ``attackers``, e.g. a plugin's) join the suite's attackers on every row. A
+component that fails (wrong shapes or non-finite states, or any error of a plugin's component) is left out and
+listed in ``failed_components``: a failed attacker drops from its rows, a failed defense loses its row; the rest
+of the grid runs.
+
 Under ``bench run --shard I/N`` (:mod:`benchmarks.shard`) the stage runs the
 (depth, spec) configurations numbered ``j % N == I`` in the grid's order (rows
 carry ``job = j``); ``random-split`` rows and the overhead timings run in shard 0.
@@ -260,7 +265,7 @@ def _job(loaded, cfg: dict, j: int, a: int, spec: str, train: dict, clean_test: 
     test = defend_taps(test, pipe)
     pairs = _deployment_pairs(loaded, cfg, pipe, a, ks) if pipe.model_items and ks else None
     tried = []
-    for n in attackers + [x for x in _plugin_attackers(pipe) if x not in attackers]:
+    for n in attackers:
         try:
             tried += _attack(loaded, n, options.get(n, {}), pipe, train[a], test, rows[a], seed, pairs,
                              _common_tokens(attackers, options))
@@ -280,10 +285,11 @@ def _job(loaded, cfg: dict, j: int, a: int, spec: str, train: dict, clean_test: 
     return {**row, "job_seconds": time.perf_counter() - tj}
 
 
-def _plugin_attackers(pipe: DefensePipeline) -> list[str]:
-    """Attackers a defense brings for itself (its ``attackers`` class attribute; a plugin's adaptive attackers),
-    scored beside the suite's."""
-    return [n for d in pipe.items for n in getattr(type(d), "attackers", ())]
+def brought_attackers(specs: list[str]) -> list[str]:
+    """Attackers the suite's defenses bring for themselves (a defense's ``attackers``: a plugin's adaptive
+    attackers), in spec order; the stage scores them on *every* row, the undefended one included, so a row's
+    recovery is never compared against rows that a stronger attacker did not try."""
+    return list(dict.fromkeys(n for s in specs for d in DefensePipeline.parse(s).items for n in type(d).attackers))
 
 
 def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
@@ -295,6 +301,7 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
     tail = int(cfg.get("tail_layers", 2))
     specs = [s for s in cfg.get("defenses", ["none"]) if s not in split_specs]
     attackers = list(cfg.get("attackers", ["vocab-match-adaptive", "linear-probe"]))
+    attackers += [n for n in brought_attackers(specs) if n not in attackers]
     options = {k: dict(v) for k, v in cfg.get("options", {}).items()}
     n_corp = len(cfg.get("corpora", ["prose"]))
     seed = int(results["config"]["seed"])

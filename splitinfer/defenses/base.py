@@ -50,6 +50,7 @@ class Defense:
     strength: ClassVar[tuple[str, ...]] = ()
     secret: ClassVar[tuple[str, ...]] = ()
     shown: ClassVar[tuple[str, ...]] = ()  # fields the label always shows (besides strength); others when not default
+    attackers: ClassVar[tuple[str, ...]] = ()  # adaptive attackers it brings (a plugin's): scored beside the suite's
 
     def __post_init__(self) -> None:
         self.validate()
