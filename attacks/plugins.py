@@ -38,8 +38,8 @@ from splitinfer.errors import SplitInferError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["GROUPS", "Plugin", "PluginError", "discover", "droppable", "failures", "load_module", "load_modules", "loaded",
-           "origin", "records", "registries", "unload"]
+__all__ = ["GROUPS", "Plugin", "PluginError", "discover", "droppable", "failures", "load_module", "load_modules",
+           "loaded", "origin", "records", "registries", "source_digest", "unload"]
 
 GROUPS = {"splitinfer.attacks": "attack", "splitinfer.defenses": "defense", "splitinfer.proposers": "proposer",
           "splitinfer.corpora": "corpus"}
@@ -194,6 +194,8 @@ def load_module(module: str, source: str = "--plugin") -> Plugin:
     if path is None and name in sys.modules:  # imported already (e.g. by its entry point): nothing new
         top = name.split(".")[0]
         return _LOADED.get(top) or _add(top, source, None, {})
+    if path is not None and name in _LOADED and getattr(sys.modules.get(name), "__file__", None) == str(path):
+        return _LOADED[name]  # the same file again (a suite loaded twice): nothing new
     added = _import(name, name, path)
     return _add(name.split(".")[0] if path is None else name, source, path, added)
 

@@ -87,7 +87,8 @@ def test_a_broken_installed_entry_point_is_reported_and_the_others_load(tmp_path
     ("from dataclasses import dataclass\nfrom splitinfer.defenses.base import Defense, register_defense\n"
      "@register_defense('noise')\n@dataclass(frozen=True)\nclass Noise(Defense):\n    pass\n", "defense", "noise"),
     ("from splitinfer.corpora.registry import register_corpus\n"
-     "@register_corpus('prose', 'prose', 'mine')\ndef build(arg, seed, tokenizer, **o):\n    pass\n", "corpus", "prose"),
+     "@register_corpus('prose', 'prose', 'mine')\ndef build(arg, seed, tokenizer, **o):\n    pass\n",
+     "corpus", "prose"),
     ("from attacks.recipes.linear_probe import LinearProbe\nfrom attacks.registry import register_attack\n"
      "@register_attack('mlp')\nclass Mine(LinearProbe):\n    pass\n", "attack", "mlp"),
 ])

@@ -15,7 +15,7 @@ import pytest
 from benchmarks.merge import check_shards
 from benchmarks.regress import compare
 from benchmarks.suite import load_suite
-from benchmarks.suite_names import check_names
+from benchmarks.suite_names import check_names, component_lines
 from tests.plugin_install import EXAMPLE, REPO, clean_plugins, install_from_source  # noqa: F401  (a fixture)
 
 DATA = Path(__file__).resolve().parent / "plugin_data"
@@ -102,9 +102,13 @@ def test_validate_names_components_the_registries_do_not_know(tmp_path, clean_pl
     assert any("[attacks] attacks: unknown attack 'knn-match'" in line for line in bad)
     assert any("[defenses] defenses: unknown defense 'hidden-mix'" in line for line in bad)
     suite = tmp_path / "s.toml"
-    text = (DATA / "module_suite.toml").read_text().replace('seed = 0', f'seed = 0\nplugins = ["{DATA / "plugin_module.py"}"]')
+    module = DATA / "plugin_module.py"
+    text = (DATA / "module_suite.toml").read_text().replace("seed = 0", f'seed = 0\nplugins = ["{module}"]')
     suite.write_text(text)
     assert check_names(load_suite(str(suite))) == []  # plugins = [...] loads the module with the suite
+    listing = "\n".join(component_lines())  # bench ls
+    assert "plugin_module" in listing and "repeat-last [plugin plugin_module]" in listing
+    assert "nan-mix [plugin plugin_module]" in listing and "noise," in listing
     suite.write_text(text.replace('"nan-mix"', '"nan-mixx"'))
     (line,) = check_names(load_suite(str(suite)))
     assert "[defenses] defenses: unknown defense 'nan-mixx'" in line
