@@ -159,7 +159,8 @@ def plugin_lines(results: dict) -> list[str]:
     plugins = results["config"].get("plugins") or []
     if plugins:
         lines += ["Plugins (third-party components beside the built-ins; docs/extending.md): " + "; ".join(
-            f"`{p['name']}` ({p['dist'] or 'not installed'} {p['version'] or ''}, sha256 `{p['digest'][:12]}`: "
+            f"`{p['name']}` ({' '.join(x for x in (p['dist'], p['version']) if x) or 'not installed'}, "
+            f"sha256 `{p['digest'][:12]}`: "
             + ", ".join(f"{k} {', '.join(v)}" for k, v in p["components"].items()) + ")" for p in plugins) + ".", ""]
     failed = results.get("failed_components") or []
     if failed:
