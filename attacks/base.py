@@ -47,7 +47,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from attacks.errors import AttackError
+from attacks.errors import AttackError, AttackOutputError
 from attacks.metrics.baselines import TokenPrior, prior_to_json
 from attacks.tapdata import Taps, as_taps
 from attacks.trainer import digest, with_run
@@ -90,8 +90,23 @@ class Inversion:
         self.scores = np.asarray(self.scores, dtype=np.float32)
         n = len(self.tokens)
         if self.topk.ndim != 2 or self.topk.shape[0] != n or self.scores.shape != self.topk.shape:
-            raise AttackError(f"bad Inversion: tokens {self.tokens.shape}, topk {self.topk.shape}, scores "
-                              f"{self.scores.shape}; expected (N,), (N, k), (N, k)")
+            raise AttackOutputError(f"bad Inversion: tokens {self.tokens.shape}, topk {self.topk.shape}, scores "
+                                    f"{self.scores.shape}; expected (N,), (N, k), (N, k)")
+
+
+def check_inversion(inv: Any, n_tokens: int, who: str) -> None:
+    """AttackOutputError (one line naming ``who`` and the fix) unless ``inv`` is an Inversion of ``n_tokens`` rows
+    whose scores hold no NaN or +inf."""
+    if not isinstance(inv, Inversion):
+        raise AttackOutputError(f"attack {who}: _invert returned {type(inv).__name__}; return an "
+                                "attacks.base.Inversion(tokens, topk, scores)")
+    if len(inv.tokens) != n_tokens:
+        raise AttackOutputError(f"attack {who}: returned {len(inv.tokens)} guesses for {n_tokens} tokens; return "
+                                "one row per state of the taps given")
+    bad = np.isnan(inv.scores) | np.isposinf(inv.scores)  # -inf stays allowed: "impossible" in a log-probability
+    if bad.any():
+        raise AttackOutputError(f"attack {who}: returned {int(bad.sum())} NaN or +inf scores; return finite scores "
+                                "(log-probabilities, or minus distances)")
 
 
 def _jsonable(x: Any) -> Any:
@@ -323,10 +338,16 @@ class InversionAttack(Attack):
         taps = as_taps(taps)
         self._check_side(taps)
         self.check_compatible(taps)
-        inv = self._invert(taps, k)
-        if len(inv.tokens) != taps.n_tokens:
-            raise AttackError(f"attack {self.name!r} returned {len(inv.tokens)} guesses for {taps.n_tokens} tokens")
+        try:
+            inv = self._invert(taps, k)
+        except AttackOutputError as e:
+            raise AttackOutputError(f"attack {self._who()}: {e}") from None
+        check_inversion(inv, taps.n_tokens, self._who())
         return inv
+
+    def _who(self) -> str:
+        """``'name' (module)``: the recipe and the module (a plugin's) that defines it, for one-line errors."""
+        return f"{self.name!r} ({type(self).__module__})"
 
     @abstractmethod
     def _fit(self, train: Taps, val: Taps | None, trainer: Any) -> None: ...

@@ -19,7 +19,7 @@ from splitinfer.registry import claim, import_modules, lookup
 
 log = logging.getLogger(__name__)
 
-__all__ = ["register_attack", "make_attack", "list_attacks", "get_attack_class", "load_attack"]
+__all__ = ["register_attack", "make_attack", "list_attacks", "get_attack_class", "load_attack", "registered_attacks"]
 
 _REGISTRY: dict[str, type[Attack]] = {}
 
@@ -49,6 +49,12 @@ def _load_recipes() -> None:
     import attacks.recipes as pkg
 
     import_modules("attacks.recipes", Path(pkg.__file__).parent)
+
+
+def registered_attacks() -> dict[str, type[Attack]]:
+    """The live registry, built-ins loaded: {name: class} (:mod:`attacks.plugins` snapshots it around a plugin)."""
+    _load_recipes()
+    return _REGISTRY
 
 
 def get_attack_class(name: str) -> type[Attack]:

@@ -15,7 +15,8 @@ timing metric the spread *between* runs:
   come out the same in every run; a difference is refused with a one-line error
   naming the metric, since a baseline would otherwise hide a nondeterminism.
 
-The folded document records ``baseline_runs = R`` and is schema-valid.
+The folded document records ``baseline_runs = R`` and is schema-valid. Runs that left a component out
+(``failed_components``) are refused: a baseline never hides a failed component.
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ def fold(docs: list[tuple[Path, dict]]) -> dict:
     if len(docs) < 2:
         raise SchemaError("bench baseline: give at least 2 results files of the same suite (run it 2+ times)")
     (p0, d0) = docs[0]
+    for path, d in docs:
+        if d.get("failed_components"):
+            f = d["failed_components"][0]
+            raise SchemaError(f"{path}: {f['kind']} {f['name']!r} failed in that run ({len(d['failed_components'])} "
+                              "component(s) left out); fix it and rerun before making a baseline")
     for path, d in docs[1:]:
         for key in SAME_RUN_KEYS:
             if d.get(key) != d0.get(key):

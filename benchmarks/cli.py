@@ -76,7 +76,18 @@ def cmd_run(args) -> int:
                      shard=shard)
     print(f"results written to {path}")
     print(f"report written to {Path(out) / 'report.md'}")
-    return 0
+    return _failed_exit(path)
+
+
+def _failed_exit(path) -> int:
+    """1 (one line per failed component) when the run left components out, else 0."""
+    import json
+    import sys
+
+    failed = json.loads(Path(path).read_text()).get("failed_components") or []
+    for f in failed:
+        print(f"splitinfer: error: {f['stage']}: {f['kind']} {f['name']!r} left out: {f['error']}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def cmd_report(args) -> int:
@@ -108,22 +119,33 @@ def cmd_ls(args) -> int:
 
         keys = ", ".join(f.name for f in fields(stage.config))
         print(f"  {stage.name:<15} {stage.summary}\n  {'':<15} keys: {keys}")
+    from benchmarks.suite_names import component_lines
+
+    print("\n".join(component_lines()))
     return 0
 
 
 def cmd_validate(args) -> int:
-    """Check suite files: every key known and typed right; one line per file, exit 2 when any is bad."""
+    """Check suite files: every key known and typed right, every component name registered (built-in or plugin);
+    one line per file or bad name, exit 2 when any is bad."""
     import sys
 
     from benchmarks.suite import load_suite
+    from benchmarks.suite_names import check_names
     from splitinfer.errors import SplitInferError
 
     bad = 0
     for name in args.suite:
         try:
-            suite = load_suite(name)
+            suite = load_suite(name)  # keys and types; loads the suite's plugins
         except SplitInferError as e:
             print(f"splitinfer: error: {e}", file=sys.stderr)
+            bad += 1
+            continue
+        unknown = check_names(suite)  # every attack, defense, corpus and decoding it names is registered
+        for line in unknown:
+            print(f"splitinfer: error: {line}", file=sys.stderr)
+        if unknown:
             bad += 1
             continue
         budgets = [b for s in suite.stages if (b := suite.budget_s(s)) is not None]
@@ -178,7 +200,7 @@ def register(sub) -> None:
     p.add_argument("--results", required=True)
     p.add_argument("--out", default=None, help="directory (default: next to results.json)")
     p.set_defaults(func=cmd_report)
-    ls = bsub.add_parser("ls", help="list the suites and the stages they can run")
+    ls = bsub.add_parser("ls", help="list the suites, the stages they can run, the plugins and every component")
     ls.set_defaults(func=cmd_ls)
     v = bsub.add_parser("validate", help="check suite files (names or .toml paths): keys, types, budgets")
     v.add_argument("suite", nargs="+")

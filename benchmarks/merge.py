@@ -6,7 +6,7 @@ one run: the same suite, config (model and its sha256, seed, stage tables; the
 torch thread count may differ), code (the same commit, or commits with the same
 ``code_digest``: they differ in reports, docs or tests only; the merge lists
 them as ``git_hashes``; a differing digest is refused even under one commit)
-and schema, shard count N, and every index 0..N-1
+and schema, plugins (the same digests: a plugin change is a code change), shard count N, and every index 0..N-1
 exactly once; anything else is a one-line error naming the difference. The merged document
 is what one unsharded run writes (the same runs and metrics; rows of the grid
 stages in job order), with ``merged_shards`` recorded; the stage times are the
@@ -26,7 +26,7 @@ import copy
 import shutil
 from pathlib import Path
 
-from benchmarks.schema import SCHEMA_MINOR, SchemaError, git_state, load, results_path, save
+from benchmarks.schema import SCHEMA_MINOR, SchemaError, git_state, load, plugin_change, results_path, save
 from benchmarks.stages import STAGES
 
 _PER_MACHINE = ("torch_threads",)  # config keys shards on different machines may differ in
@@ -66,6 +66,10 @@ def check_shards(docs: list[tuple[Path, dict]], partial: bool = False) -> tuple[
             raise SchemaError(f"{path}: code_digest {d['code_digest'][:12]!r} differs from "
                               f"{d0['code_digest'][:12]!r} in {p0} (the code changed between the shards, e.g. in a "
                               "dirty tree); merge the shards of one run (same code, suite and seed)")
+        plugin = plugin_change(d0["config"].get("plugins"), d["config"].get("plugins"))
+        if plugin:
+            raise SchemaError(f"{path}: {plugin} against {p0}; a plugin change is a code change: merge the shards "
+                              "of one run (same code and plugins, suite and seed)")
         diff = _why_differ({k: v for k, v in d0["config"].items() if k not in _PER_MACHINE},
                            {k: v for k, v in d["config"].items() if k not in _PER_MACHINE}, "config")
         if diff:
@@ -145,6 +149,9 @@ def merge_results(docs: list[tuple[Path, dict]], partial: bool = False) -> dict:
     if len(commits) > 1:  # one code_digest: commits that differ outside the code only
         merged["git_hashes"] = commits
     merged["results"] = _merge_metrics(docs)
+    failed = [f for _, d in docs for f in d.get("failed_components", [])]
+    if failed:
+        merged["failed_components"] = failed
     datas = [d.get("data", {}) for _, d in docs]
     data: dict = {}
     for name in STAGES:

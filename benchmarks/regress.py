@@ -17,7 +17,9 @@ so a renamed key, run or metric is compared under its new name.
 A run or metric in the baseline but not in the current results is a
 regression (rule ``missing``), and so is a metric whose ``kind`` changed
 (rule ``kind``: update the baseline deliberately).  New runs and metrics are
-fine.
+fine. A plugin of the baseline (``config.plugins``) that is missing or whose
+digest or version changed is a regression too (rule ``plugin``): a plugin
+change is a code change.
 
 CLI: ``python -m benchmarks.regress --baseline B.json --results R.json``
 (mounted as ``splitinfer bench regress``): exit 0 when nothing regressed,
@@ -40,7 +42,7 @@ from benchmarks import schema
 logger = logging.getLogger(__name__)
 
 __all__ = ["MIGRATIONS", "Regression", "add_arguments", "compare", "count_compared", "load_migrated", "main",
-           "migrate", "run"]
+           "migrate", "plugin_regressions", "run"]
 
 EXACT_ABS_TOL = 1e-9
 MIN_ACCURACY_TOL = 1e-9
@@ -86,7 +88,7 @@ class Regression:
     metric: str
     baseline: Any
     current: Any
-    rule: str  # "exact" | "accuracy" | "efficiency" | "missing" | "kind"
+    rule: str  # "exact" | "accuracy" | "efficiency" | "missing" | "kind" | "plugin"
     message: str
 
     def __str__(self) -> str:
@@ -148,7 +150,7 @@ def compare(
         raise ValueError(f"rel_tol_efficiency must lie in [0, 1), got {rel_tol_efficiency!r}")
     schema.validate(baseline)
     schema.validate(current)
-    out: list[Regression] = []
+    out: list[Regression] = plugin_regressions(baseline, current)
     cur_runs = current["results"]
     for run, metrics in baseline["results"].items():
         if run not in cur_runs:
@@ -164,6 +166,22 @@ def compare(
             found = _check_one(run, name, base, cur, rel_tol_efficiency)
             if found is not None:
                 out.append(found)
+    return out
+
+
+def plugin_regressions(baseline: dict[str, Any], current: dict[str, Any]) -> list[Regression]:
+    """One ``plugin`` regression per plugin of the baseline that is missing now or whose digest, version or
+    distribution changed: a plugin change is a code change, and its components' figures are then no longer the
+    baseline's (regenerate the baseline deliberately). A plugin only the current run loads is new, not a change."""
+    now = {p["name"]: p for p in current["config"].get("plugins") or []}
+    out = []
+    for p in baseline["config"].get("plugins") or []:
+        change = schema.plugin_change([p], [now[p["name"]]] if p["name"] in now else [])
+        if change:
+            out.append(Regression("config.plugins", p["name"], p.get("digest"),
+                                  now.get(p["name"], {}).get("digest"), "plugin",
+                                  f"{change}; a plugin change is a code change: rerun from the plugin version of "
+                                  "the baseline, or regenerate the baseline deliberately (bench baseline)"))
     return out
 
 

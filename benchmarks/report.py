@@ -162,6 +162,22 @@ def _shards(results: dict) -> str:
     return ""
 
 
+def plugin_lines(results: dict) -> list[str]:
+    """The plugins the run loaded (name, distribution, version, digest) and, loudly, the components it left out."""
+    lines = []
+    plugins = results["config"].get("plugins") or []
+    if plugins:
+        lines += ["Plugins (third-party components beside the built-ins; docs/extending.md): " + "; ".join(
+            f"`{p['name']}` ({' '.join(x for x in (p['dist'], p['version']) if x) or 'not installed'}, "
+            f"sha256 `{p['digest'][:12]}`: "
+            + ", ".join(f"{k} {', '.join(v)}" for k, v in p["components"].items()) + ")" for p in plugins) + ".", ""]
+    failed = results.get("failed_components") or []
+    if failed:
+        lines += ["## Failed components (left out of every table and metric)", ""]
+        lines += [f"- {f['stage']}: {f['kind']} `{f['name']}`: {f['error']}" for f in failed] + [""]
+    return lines
+
+
 def write_report(results: dict, out_dir: str | Path) -> Path:
     """Write report.md and the PNG plots next to results.json; return the report's path."""
     out = Path(out_dir)
@@ -207,6 +223,7 @@ def write_report(results: dict, out_dir: str | Path) -> Path:
              f"d={cfg['hidden_size']}), seed {cfg['seed']}, git `{results['git_hash'][:12]}`"
              f"{' (dirty)' if results.get('git_dirty') else ''}, {results['date']}, "
              f"{data.get('total_seconds', 0):.0f} s{_shards(results)}.", ""]
+    lines += plugin_lines(results)
     summary = summary_table(data)
     if len(summary) > 2:  # a run without attacks or speed stages (e.g. defenses only) has no summary row
         lines += ["## Summary", ""] + summary + [""]

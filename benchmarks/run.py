@@ -10,6 +10,10 @@ Each stage's wall time is printed next to its budget (the table's ``budget_s``)
 and recorded: ``data["stage_seconds"]``, ``data["stage_budget_s"]`` and the
 ``info`` metrics ``wall_s`` / ``budget_s`` of run ``harness/stage=NAME``.
 
+Installed plugins are discovered first (:mod:`attacks.plugins`) and recorded in ``config.plugins``. A component
+that fails (wrong shapes, non-finite values, or any error of a plugin's component) is left out by its stage and
+listed in ``failed_components``; the rest of the run goes on, and ``bench run`` then exits 1.
+
 With ``shard`` (``bench run --shard I/N``, :mod:`benchmarks.shard`) the
 document records its shard, the shardable stages run every N-th grid cell
 and the others run in shard 0 only; ``bench merge`` joins the shards.
@@ -26,6 +30,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from attacks.plugins import discover
+from attacks.plugins import failures as plugin_failures
 from attacks.predictions import write_all
 from benchmarks.schema import add_metric, metric, new_results, save
 from benchmarks.shard import Shard
@@ -70,6 +76,7 @@ def run_suite(suite: Suite, out_dir: str | Path, stages: list[str] | None = None
                                   f"(its stages: {', '.join(suite.stages)})")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    discover()  # installed plugins (entry points); the suite's own plugins = [...] loaded with the suite
     seed_everything(suite.seed)
     t0 = time.perf_counter()
     loaded = load_model(suite.model, dtype=suite.dtype, device=suite.device, seed=suite.seed)
@@ -87,7 +94,9 @@ def run_suite(suite: Suite, out_dir: str | Path, stages: list[str] | None = None
         "stages": suite.stages,
         "tokenisation": tokenisation_record(loaded.tokenizer),
     }
-    results = new_results(config, suite.name)
+    results = new_results(config, suite.name)  # records the loaded plugins' provenance (config.plugins)
+    if plugin_failures():
+        results["plugin_failures"] = plugin_failures()  # installed entry points that did not load
     if not shard.whole:
         results["shard"] = shard.record()
     data: dict = {}

@@ -37,6 +37,11 @@ code's ``.py`` files, :func:`code_digest`) lets shards of one run come from
 commits that differ only outside the code; a merge of such shards lists them
 in ``"git_hashes"``.
 
+``config.plugins`` lists every plugin loaded when the document was made (:mod:`attacks.plugins`: name,
+distribution, version, sha256 ``digest`` of its source files, components); an empty list when none.
+``"failed_components"`` (when present) lists the components a run dropped because they failed (import,
+wrong shapes, non-finite values): ``{stage, kind, name, error}``; their metrics are absent.
+
 Extra top-level keys are allowed (forward compatible); metric entries may only
 hold the keys above plus an optional ``unit`` string.
 
@@ -80,6 +85,8 @@ __all__ = [
     "SchemaError",
     "add_metric",
     "load",
+    "plugin_change",
+    "record_failure",
     "metric",
     "new_results",
     "read_json",
@@ -88,7 +95,8 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1  # major: bumped when a key, run or metric is renamed or removed (migration in regress)
-SCHEMA_MINOR = 3  # bumped when keys, runs or metrics are added (3: missing_shards, merged_by, code_digest)
+SCHEMA_MINOR = 4  # bumped when keys, runs or metrics are added (3: missing_shards, merged_by, code_digest;
+#                   4: config.plugins, failed_components)
 KINDS = ("exact", "accuracy", "efficiency", "info")
 _VERSIONED_PACKAGES = ("torch", "transformers", "numpy", "splitinfer")
 _METRIC_REQUIRED = ("value", "ci_low", "ci_high", "n", "higher_is_better", "kind")
@@ -243,6 +251,25 @@ def code_digest(repo_dir: str | os.PathLike[str] | None = None) -> str:
     return h.hexdigest()
 
 
+def plugin_change(before: list[dict] | None, after: list[dict] | None) -> str | None:
+    """How the plugins of two documents' ``config.plugins`` differ (first difference, one phrase), or None.
+
+    A plugin's changed digest or version, or one present on one side only, counts; the order does not.
+    """
+    old = {p["name"]: p for p in before or []}
+    new = {p["name"]: p for p in after or []}
+    for name in sorted(set(old) | set(new)):
+        if name not in new:
+            return f"plugin {name!r} is missing (it was loaded in the other run)"
+        if name not in old:
+            return f"plugin {name!r} was not loaded in the other run"
+        for key in ("digest", "version", "dist"):
+            if old[name].get(key) != new[name].get(key):
+                a, b = str(old[name].get(key))[:12], str(new[name].get(key))[:12]
+                return f"plugin {name!r} changed ({key} {a} -> {b})"
+    return None
+
+
 def package_versions() -> dict[str, str | None]:
     """Versions of python and the packages results depend on; None if not installed."""
     versions: dict[str, str | None] = {"python": platform.python_version()}
@@ -279,6 +306,9 @@ def new_results(
     except (TypeError, ValueError) as exc:
         raise SchemaError(f"config is not JSON-serialisable: {exc}") from exc
     git_hash, dirty = git_state(repo_dir)
+    from attacks.plugins import records
+
+    config = {**config, "plugins": config.get("plugins", records())}  # provenance of every loaded plugin
     return {
         "schema_version": SCHEMA_VERSION,
         "schema_minor": SCHEMA_MINOR,
@@ -291,6 +321,18 @@ def new_results(
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "results": {},
     }
+
+
+def record_failure(results: dict[str, Any], stage: str, kind: str, name: str, error: Exception | str) -> None:
+    """Note that component ``name`` (a ``kind``: attack, defense, ...) failed in ``stage`` and was left out.
+
+    The run goes on without it; the entry is the document's account of what is missing (its metrics are never
+    written), and ``bench run`` exits non-zero when any is listed.
+    """
+    line = f"{stage}: {kind} {name!r} left out: {error}"
+    logger.warning("splitinfer: warning: %s", line)
+    results.setdefault("failed_components", []).append(
+        {"stage": stage, "kind": kind, "name": name, "error": str(error)})
 
 
 def add_metric(

@@ -26,10 +26,11 @@ import logging
 import time
 
 from attacks.boundary import Boundary
+from attacks.plugins import droppable
 from attacks.registry import get_attack_class
 from benchmarks.attack_grid import ALIASES, GridConfig, Victim, depth_rows, extract, plan, run_job
 from benchmarks.attack_wire import record_traffic
-from benchmarks.schema import add_metric, metric
+from benchmarks.schema import add_metric, metric, record_failure
 from benchmarks.scored_set import ScoredSetConfig
 from benchmarks.shard import Shard
 from splitinfer.models import LoadedModel
@@ -95,7 +96,14 @@ def stage_attacks(loaded: LoadedModel, cfg: dict, results: dict) -> dict:
     for j, job in enumerate(plan(grid, data.depth_of)):
         if not shard.mine(j):
             continue
-        job_rows = [{**r, "job": j} for r in run_job(loaded, grid, data, job, fitted, preds)]
+        try:
+            job_rows = [{**r, "job": j} for r in run_job(loaded, grid, data, job, fitted, preds)]
+        except Exception as e:  # noqa: BLE001 - a failed component is left out and listed, never half-recorded
+            why = droppable("attack", job.name, e)
+            if why is None:
+                raise
+            record_failure(results, "attacks", "attack", f"{job.name}@{job.boundary}", why)
+            continue
         rows += job_rows
         run = f"attacks/{job.name}/{job.boundary}"
         _record(results, run, job_rows[0]["metrics"])

@@ -39,6 +39,11 @@ A noise spec without ``clip=`` gets the median per-token L2 norm of the public
 model's training states at that depth (positions >= 1), recorded in its label.
 ``overhead`` times the wire defenses alone per step at the model's width.
 
+Attackers a defense brings (its ``attackers``, e.g. a plugin's) join the suite's attackers on every row. A
+component that fails (wrong shapes or non-finite states, or any error of a plugin's component) is left out and
+listed in ``failed_components``: a failed attacker drops from its rows, a failed defense loses its row; the rest
+of the grid runs.
+
 Under ``bench run --shard I/N`` (:mod:`benchmarks.shard`) the stage runs the
 (depth, spec) configurations numbered ``j % N == I`` in the grid's order (rows
 carry ``job = j``); ``random-split`` rows and the overhead timings run in shard 0.
@@ -54,6 +59,7 @@ from dataclasses import asdict
 import numpy as np
 from tqdm import tqdm
 
+from attacks.plugins import droppable
 from attacks.defended import applies, as_public, attacker_view, defend_taps, resent_taps, show_cloud, victim_model
 from attacks.evaluate import prior_from_taps
 from attacks.registry import get_attack_class, make_attack
@@ -68,11 +74,12 @@ from benchmarks.defenses_private import paired_label, public_label, with_trained
 from benchmarks.defenses_overhead import overhead_ms
 from benchmarks.defenses_random_split import random_split_row
 from benchmarks.grid_cell import gaps_to_strongest, score_on_set, strongest, with_undefended_gaps
-from benchmarks.schema import add_metric, metric
+from benchmarks.schema import add_metric, metric, record_failure
 from benchmarks.scored_set import ScoredSetConfig, set_size, take
 from benchmarks.shard import Shard
 from splitinfer.defenses import DefensePipeline, check_specs
 from splitinfer.defenses.base import format_items
+from splitinfer.errors import ComponentError
 
 log = logging.getLogger(__name__)
 
@@ -216,6 +223,25 @@ def rows_elsewhere(cfg: dict) -> dict | None:
     return {"suite": cfg["rows_elsewhere"], "cells": cells}
 
 
+def _droppable_defense(spec: str, error: BaseException) -> str | None:
+    """:func:`attacks.plugins.droppable` for the defenses a spec composes: wrong output of any, or any error when
+    one of them is a plugin's."""
+    if isinstance(error, ComponentError):
+        return str(error)
+    for d in DefensePipeline.parse(spec).items:
+        why = droppable("defense", d.name, error)
+        if why is not None:
+            return why
+    return None
+
+
+def brought_attackers(specs: list[str]) -> list[str]:
+    """Attackers the suite's defenses bring for themselves (a defense's ``attackers``: a plugin's adaptive
+    attackers), in spec order; the stage scores them on *every* row, the undefended one included, so a row's
+    recovery is never compared against rows that a stronger attacker did not try."""
+    return list(dict.fromkeys(n for s in specs for d in DefensePipeline.parse(s).items for n in type(d).attackers))
+
+
 def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
     """Run the grid; returns rows for the report (see the module docstring)."""
     check_specs(cfg.get("defenses", ["none"]), int(loaded.hidden_size), "[defenses] spec")  # before any work
@@ -226,6 +252,7 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
     tail = int(cfg.get("tail_layers", 2))
     specs = [s for s in cfg.get("defenses", ["none"]) if s not in split_specs]
     attackers = list(cfg.get("attackers", ["vocab-match-adaptive", "linear-probe"]))
+    attackers += [n for n in brought_attackers(specs) if n not in attackers]
     options = {k: dict(v) for k, v in cfg.get("options", {}).items()}
     corpora = list(cfg.get("corpora", ["prose"]))
     seed, n_boot = int(results["config"]["seed"]), int(cfg.get("n_boot", 1000))
@@ -260,26 +287,43 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
         if time.perf_counter() - t0 > budget:  # the suite's time budget: report what was left out
             skipped.append(f"{Boundary('head', a)} {spec}")
             continue
-        tj = time.perf_counter()
-        pipe = _pipeline(spec, train[a])
-        test = clean_test[a]
-        pipe = with_trained_adapter(loaded, pipe, a, corpora, seed, workdir)
-        if pipe.model_items:  # a private head: the victim's states come from its own layers (same sequences)
-            test = as_public(test_pool(victim_model(loaded, pipe, a), grid, [heads[a]])[heads[a]], loaded)
-        clean = take(test, data.chosen[heads[a]])
-        target = defend_taps(clean, pipe)
-        pairs = _deployment_pairs(loaded, cfg, pipe, a, ks) if pipe.model_items and ks else None
-        run = f"defenses/{Boundary('head', a)}/{public_label(pipe)}"
-        names = [n for n in attackers if applies(get_attack_class(n), pipe)]  # each where it is designed to apply
-        tried = [x for n in names for x in _attack(loaded, n, options.get(n, {}), pipe, train[a], target, seed,
-                                                   run, preds, pairs, n_boot, clean)]
-        best = strongest(tried)
-        gaps_to_strongest(tried, best, n_boot, seed)
-        row = {"job": j, "depth": a, "defense": public_label(pipe),
-               "family": pipe.items[0].name if pipe.items else "none",
-               "strength": {d.name: d.strength_value() for d in pipe.items}, "describe": pipe.describe(),
-               "attackers": tried, "best": best, "scored_set": dict(zip(("tokens", "documents"), set_size(target))),
-               **cell_utility(loaded, a, tail, pipe, cfg, texts, cache, seed)}
+        try:
+            tj = time.perf_counter()
+            pipe = _pipeline(spec, train[a])
+            test = clean_test[a]
+            pipe = with_trained_adapter(loaded, pipe, a, corpora, seed, workdir)
+            if pipe.model_items:  # a private head: the victim's states come from its own layers (same sequences)
+                test = as_public(test_pool(victim_model(loaded, pipe, a), grid, [heads[a]])[heads[a]], loaded)
+            clean = take(test, data.chosen[heads[a]])
+            target = defend_taps(clean, pipe)
+            pairs = _deployment_pairs(loaded, cfg, pipe, a, ks) if pipe.model_items and ks else None
+            run = f"defenses/{Boundary('head', a)}/{public_label(pipe)}"
+            tried = []
+            for n in (n for n in attackers if applies(get_attack_class(n), pipe)):  # each where it applies
+                try:
+                    tried += _attack(loaded, n, options.get(n, {}), pipe, train[a], target, seed, run, preds, pairs,
+                                     n_boot, clean)
+                except Exception as e:  # noqa: BLE001 - one failed attacker leaves the others' scores intact
+                    why = droppable("attack", n, e)
+                    if why is None:
+                        raise
+                    record_failure(results, "defenses", "attack", f"{n}@{Boundary('head', a)}/{spec}", why)
+            if not any("k" not in x for x in tried):  # every attacker failed (each listed as failed)
+                continue
+            best = strongest(tried)
+            gaps_to_strongest(tried, best, n_boot, seed)
+            row = {"job": j, "depth": a, "defense": public_label(pipe),
+                   "family": pipe.items[0].name if pipe.items else "none",
+                   "strength": {d.name: d.strength_value() for d in pipe.items}, "describe": pipe.describe(),
+                   "attackers": tried, "best": best,
+                   "scored_set": dict(zip(("tokens", "documents"), set_size(target))),
+                   **cell_utility(loaded, a, tail, pipe, cfg, texts, cache, seed)}
+        except Exception as e:  # noqa: BLE001 - a failed defense is left out and listed, never half-recorded
+            why = _droppable_defense(spec, e)
+            if why is None:
+                raise
+            record_failure(results, "defenses", "defense", f"{spec}@{Boundary('head', a)}", why)
+            continue
         out_rows.append({**row, "job_seconds": time.perf_counter() - tj})
         _record(results, run, row)
     adapters.cleanup()

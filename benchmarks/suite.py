@@ -4,7 +4,9 @@ A suite names a model and seed and has one table per stage (see
 :mod:`benchmarks.stages` for the stages and their keys); a stage that is absent
 is skipped. Unknown keys and wrong types are one-line errors, so a typo never
 silently drops a measurement. Every stage table may set ``budget_s``, its
-wall-time budget. See ``benchmarks/suites/quick.toml`` for every key with comments.
+wall-time budget. See ``benchmarks/suites/quick.toml`` for every key with comments. ``plugins = [...]``
+loads plugin modules (:mod:`attacks.plugins`; dotted names, or ``.py`` paths relative to the suite file)
+when the suite is loaded, so its tables may name their components.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ else:  # pragma: no cover
 
 SUITES_DIR = Path(__file__).parent / "suites"
 
-TOP_KEYS = {"name": str, "description": str, "model": str, "seed": int, "dtype": str, "device": str}
+TOP_KEYS = {"name": str, "description": str, "model": str, "seed": int, "dtype": str, "device": str, "plugins": list}
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class Suite:
     stages: dict = field(default_factory=dict)  # stage name -> its table as the stage reads it (no budget_s)
     path: str = ""
     configs: dict = field(default_factory=dict)  # stage name -> its frozen StageConfig
+    plugins: tuple = ()  # plugin modules the suite loads (dotted names, or .py paths relative to the suite file)
 
     def stage(self, name: str) -> dict | None:
         return self.stages.get(name)
@@ -90,6 +93,13 @@ def load_suite(name_or_path: str) -> Suite:
     for key in ("name", "model"):
         if key not in top:
             raise SplitInferError(f"{path}: missing top-level key {key!r}")
+    plugins = top.get("plugins", [])
+    if not all(isinstance(p, str) and p for p in plugins):
+        raise SplitInferError(f"{path}: plugins must list module names or .py paths, got {plugins!r}")
+    if plugins:
+        from attacks.plugins import load_modules
+
+        load_modules(plugins, relative_to=path.parent)
     return Suite(top["name"], top.get("description", ""), top["model"], int(top.get("seed", 0)),
                  top.get("dtype", "fp32"), top.get("device", "cpu"),
-                 {name: cfg.table() for name, cfg in configs.items()}, str(path), configs)
+                 {name: cfg.table() for name, cfg in configs.items()}, str(path), configs, tuple(plugins))

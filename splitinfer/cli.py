@@ -28,6 +28,10 @@ def build_parser() -> OneLineParser:
 
     parser = OneLineParser(prog="splitinfer", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                        help="import a plugin module (dotted name or .py path) that registers attacks, defenses, "
+                             "proposers or corpora; repeatable, allowed anywhere on the line (installed plugins "
+                             "are found through their entry points without it; docs/extending.md)")
     sub = parser.add_subparsers(dest="command", required=True)
     register_generate(sub)
     register_bench(sub)
@@ -36,13 +40,42 @@ def build_parser() -> OneLineParser:
     return parser
 
 
+def plugin_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the ``--plugin MODULE`` / ``--plugin=MODULE`` values anywhere in ``argv``, the other arguments).
+
+    Read before parsing, so that a plugin's components exist when the sub-command's flags are checked and
+    ``--plugin`` may stand before or after the sub-command."""
+    plugins, rest, it = [], [], iter(argv)
+    for a in it:
+        if a == "--plugin":
+            value = next(it, None)
+            if value is None or value.startswith("-"):
+                raise SplitInferError("--plugin needs a module name or a .py path, e.g. --plugin my_pkg.defense")
+            plugins.append(value)
+        elif a.startswith("--plugin="):
+            plugins.append(a.partition("=")[2])
+        else:
+            rest.append(a)
+    return plugins, rest
+
+
 def main(argv: list[str] | None = None) -> int:
+    from attacks.errors import AttackError
+    from attacks.plugins import discover, load_modules
+    from benchmarks.schema import SchemaError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        plugins, argv = plugin_args(argv)
+        discover()  # installed entry points: no flag needed
+        load_modules(plugins)
+    except SplitInferError as e:
+        print(f"splitinfer: error: {e}", file=sys.stderr)
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     quiet_libraries()
-    from attacks.errors import AttackError
-    from benchmarks.schema import SchemaError
 
     try:
         return int(args.func(args) or 0)

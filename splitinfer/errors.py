@@ -12,3 +12,8 @@ class SplitInferError(Exception):
 
 class ProtocolError(SplitInferError):
     """A frame on the wire is malformed, oversized or violates the protocol."""
+
+
+class ComponentError(SplitInferError):
+    """A component (attack, defense, proposer, corpus; built-in or plugin) returned output the harness cannot use:
+    a wrong shape or non-finite values. The harness drops that component from the run and records it as failed."""

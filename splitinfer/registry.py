@@ -20,7 +20,8 @@ def claim(registry: dict[str, type], name: str, cls: type, kind: str, error: typ
     """Register ``cls`` as ``name`` in ``registry`` and set ``cls.name``; ``error`` if another class holds it."""
     old = registry.get(name)
     if old is not None and old.__qualname__ != cls.__qualname__:
-        raise error(f"{kind} name {name!r} is registered twice ({old.__qualname__}, {cls.__qualname__})")
+        raise error(f"{kind} name {name!r} is registered twice ({old.__module__}.{old.__qualname__}, "
+                    f"{cls.__module__}.{cls.__qualname__}); rename one (a plugin may not reuse a built-in's name)")
     cls.name = name
     registry[name] = cls
     return cls

@@ -5,8 +5,9 @@ command-line cycle ran only through those), and resolved to the module it loads.
 
 - any import cycle between modules of the three packages;
 - a module of ``splitinfer`` importing ``attacks`` or ``benchmarks``, or one of ``attacks``
-  importing ``benchmarks``, except in the one console-script module that composes the command
-  groups (:data:`COMPOSER`);
+  importing ``benchmarks``, except in the modules that compose the layers (:data:`COMPOSERS`: the
+  console script and the public API facade ``splitinfer.api``);
+- any import of a composer by another module;
 - an import of a private name (``from m import _x``) from another module, except a private
   module of the importer's own package (``attacks.recipes._common`` importing ``_backoff``).
 """
@@ -19,6 +20,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = {"splitinfer": 0, "attacks": 1, "benchmarks": 2}
 COMPOSER = "splitinfer.cli"
+# the modules that compose the three layers: the console script and the public API facade (splitinfer.api imports
+# attacks and benchmarks inside its functions only); no library module imports either of them
+COMPOSERS = {COMPOSER, "splitinfer.api"}
 ALLOWED_UPWARD: set[tuple[str, str]] = set()  # none: the corpora live in splitinfer.corpora
 
 
@@ -107,8 +111,13 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def upward(edges: dict[str, set[str]]) -> list[str]:
     return sorted(f"{m} -> {t}" for m, ts in edges.items() for t in ts
-                  if LAYERS[t.split(".")[0]] > LAYERS[m.split(".")[0]] and m != COMPOSER
+                  if LAYERS[t.split(".")[0]] > LAYERS[m.split(".")[0]] and m not in COMPOSERS
                   and (m, t) not in ALLOWED_UPWARD)
+
+
+def into_composers(edges: dict[str, set[str]]) -> list[str]:
+    """Imports of a composer module by any other module (they sit on top of all three layers)."""
+    return sorted(f"{m} -> {t}" for m, ts in edges.items() for t in ts if t in COMPOSERS and m not in COMPOSERS)
 
 
 def test_the_tree_has_no_cycles_no_upward_imports_and_no_private_reach_ins():
@@ -117,6 +126,7 @@ def test_the_tree_has_no_cycles_no_upward_imports_and_no_private_reach_ins():
     edges, private = imports(mods)
     assert cycles(edges) == []
     assert upward(edges) == []
+    assert into_composers(edges) == []
     assert private == []
 
 
@@ -135,6 +145,8 @@ def test_the_checks_catch_what_they_must(tmp_path: Path):
         "attacks/recipes/one.py": "from . import _helper\nfrom ..base import load\n",
         "benchmarks/__init__.py": "",
         "benchmarks/cli.py": "from splitinfer import cli\n",  # a cycle through the composer
+        "splitinfer/api.py": "def run():\n    from benchmarks import cli\n",  # the facade: allowed
+        "attacks/uses_api.py": "def f():\n    from splitinfer import api\n",  # a library module on the facade
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -144,4 +156,5 @@ def test_the_checks_catch_what_they_must(tmp_path: Path):
     assert edges["attacks.recipes.one"] == {"attacks.recipes._helper", "attacks.base"}
     assert cycles(edges) == [["attacks.base", "attacks.registry"], ["benchmarks.cli", "splitinfer.cli"]]
     assert upward(edges) == ["splitinfer.runtime -> attacks.base"]
+    assert into_composers(edges) == ["attacks.uses_api -> splitinfer.api", "benchmarks.cli -> splitinfer.cli"]
     assert private == ["attacks.registry imports _eos_ids from splitinfer.client"]

@@ -9,6 +9,7 @@ chat) the normalised user turns that tie documents together for splitting
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import importlib.util
 from dataclasses import dataclass, field
@@ -69,6 +70,14 @@ def register_corpus(name: str, genre: str, description: str, default_split: str 
         return builder
 
     return deco
+
+
+def registered_corpora() -> dict[str, CorpusInfo]:
+    """The live registry, built-ins loaded: {name or ``prefix:``: entry}."""
+    importlib.import_module("splitinfer.corpora")  # its modules register the built-ins (by name, as the other
+    # registries load theirs: the package imports this module)
+
+    return _REGISTRY
 
 
 def list_corpora() -> list[dict[str, str]]:

@@ -264,6 +264,12 @@ def _load_all() -> None:
         importlib.import_module(f"splitinfer.decoding.{mod}")
 
 
+def registered_proposers() -> dict[str, type[Proposer]]:
+    """The live registry, built-ins loaded: {name: class}."""
+    _load_all()
+    return _REGISTRY
+
+
 def list_proposers() -> list[str]:
     """Names of all registered proposers, sorted."""
     _load_all()

@@ -35,7 +35,7 @@ from splitinfer.errors import SplitInferError
 from splitinfer.registry import claim, import_modules, lookup
 
 __all__ = ["DefenseError", "Defense", "register_defense", "list_defenses", "get_defense_class", "parse_items",
-           "given_params", "format_items", "parse_option_value"]
+           "given_params", "format_items", "parse_option_value", "registered_defenses"]
 
 
 class DefenseError(SplitInferError):
@@ -50,6 +50,7 @@ class Defense:
     strength: ClassVar[tuple[str, ...]] = ()
     secret: ClassVar[tuple[str, ...]] = ()
     shown: ClassVar[tuple[str, ...]] = ()  # fields the label always shows (besides strength); others when not default
+    attackers: ClassVar[tuple[str, ...]] = ()  # adaptive attackers it brings (a plugin's): scored beside the suite's
 
     def __post_init__(self) -> None:
         self.validate()
@@ -110,6 +111,12 @@ def _load() -> None:
 
     # this package's defense modules, found by directory (importing the package here would be a cycle)
     import_modules("splitinfer.defenses", Path(__file__).parent, skip=("base", "pipeline", "keyed", "cli_args"))
+
+
+def registered_defenses() -> dict[str, type[Defense]]:
+    """The live registry, built-ins loaded: {name: class}."""
+    _load()
+    return _REGISTRY
 
 
 def get_defense_class(name: str) -> type[Defense]:

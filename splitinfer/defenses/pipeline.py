@@ -24,6 +24,19 @@ import torch
 
 from splitinfer.defenses.base import Defense, DefenseError, format_items, parse_items
 from splitinfer.defenses.keyed import path_digests
+from splitinfer.errors import ComponentError
+
+
+def check_released(defense: Defense, x: torch.Tensor, y: object) -> None:
+    """ComponentError (one line naming the defense, its module and the fix) unless ``y`` is a tensor of ``x``'s
+    shape (T, d) without NaN or inf: a defense's wrong output never reaches the wire or a result."""
+    who = f"defense {defense.name!r} ({type(defense).__module__})"
+    if not isinstance(y, torch.Tensor) or tuple(y.shape) != tuple(x.shape):
+        got = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+        raise ComponentError(f"{who}: apply returned {got} for states of shape {tuple(x.shape)}; return a (T, d) "
+                             "tensor shaped like its input")
+    if not bool(torch.isfinite(y).all()):
+        raise ComponentError(f"{who}: apply returned NaN or inf values; return finite states (clip or rescale them)")
 
 
 class DefensePipeline:
@@ -77,7 +90,9 @@ class DefensePipeline:
     def _transform(self, x: torch.Tensor, positions: Sequence[int], session: int, direction: str,
                    content: Sequence[int] | None = None) -> torch.Tensor:  # (1, T, d) -> (1, T, d)
         for d in self.transforms:
-            x = d.apply(x[0], positions, session, direction, content)[None]
+            y = d.apply(x[0], positions, session, direction, content)
+            check_released(d, x[0], y)
+            x = y[None]
         return x
 
     def transform_up(self, hidden: torch.Tensor, positions: Sequence[int], session: int,

@@ -35,7 +35,7 @@ def make_results(tmp_path=None):
 def test_new_results_fills_the_header(tmp_path):
     res = schema.new_results(CONFIG, "quick", repo_dir=tmp_path)  # tmp_path is not a git repo
     assert res["schema_version"] == schema.SCHEMA_VERSION == 1
-    assert res["suite"] == "quick" and res["config"] == CONFIG and res["results"] == {}
+    assert res["suite"] == "quick" and res["config"] == {**CONFIG, "plugins": []} and res["results"] == {}
     assert res["git_hash"] == "unknown" and res["git_dirty"] is None
     assert set(res["versions"]) >= {"python", "torch", "transformers", "numpy", "splitinfer"}
     assert res["versions"]["numpy"] == np.__version__

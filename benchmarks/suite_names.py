@@ -1,0 +1,81 @@
+"""The component names a suite file's tables use, checked against the registries (built-ins and plugins).
+
+``bench validate`` runs :func:`check_names` after :func:`benchmarks.suite.load_suite` (which checks keys and
+types and loads the suite's ``plugins``): every attack, defense spec, corpus and decoding a table names must be
+registered, so a typo or a plugin that did not load is one line before any model is loaded, not an error an hour
+into a run. ``bench ls`` prints :func:`component_lines`: every registered component and where it comes from.
+"""
+
+from __future__ import annotations
+
+from attacks.plugins import loaded, origin, registries
+from attacks.registry import get_attack_class
+from splitinfer.corpora.registry import resolve
+from splitinfer.decoding.base import registered_proposers
+from splitinfer.defenses.base import parse_items
+from splitinfer.errors import SplitInferError
+
+__all__ = ["check_names", "component_lines"]
+
+ATTACK_ALIASES = {"mlp-seed": "mlp", "output-probe:current": "output-probe"}  # benchmarks.attack_grid.ALIASES
+
+
+def _attack(name: str) -> None:
+    from attacks.errors import AttackError
+
+    try:
+        get_attack_class(ATTACK_ALIASES.get(name, name))
+    except AttackError as e:
+        raise SplitInferError(str(e)) from None
+
+
+def _decoding(name: str) -> None:
+    known = registered_proposers()
+    if name not in known:
+        raise SplitInferError(f"unknown decoding {name!r}; choose one of {', '.join(sorted(known))}")
+
+
+CHECKS = {  # table key -> check of one value
+    "attacks": _attack,
+    "attackers": _attack,
+    "defenses": lambda spec: parse_items(spec),
+    "overhead": lambda spec: parse_items(spec),
+    "defense": lambda spec: parse_items(spec),
+    "corpora": resolve,
+    "decodings": _decoding,
+}
+
+
+def check_names(suite) -> list[str]:
+    """One line per component name of ``suite`` that no registry knows (empty: every name resolves)."""
+    errors = []
+    for stage, table in suite.stages.items():
+        for key, check in CHECKS.items():
+            values = table.get(key)
+            for value in [values] if isinstance(values, str) else values or []:
+                try:
+                    check(value)
+                except SplitInferError as e:
+                    errors.append(f"{suite.path} [{stage}] {key}: {e}")
+        for name in (table.get("decoding_options") or {}):
+            try:
+                _decoding(name)
+            except SplitInferError as e:
+                errors.append(f"{suite.path} [{stage}] decoding_options: {e}")
+    return errors
+
+
+def component_lines() -> list[str]:
+    """``bench ls``'s listing: the plugins loaded, then every registered component with its origin."""
+    lines = ["plugins (entry points and --plugin modules; provenance goes into every results document):"]
+    for p in loaded():
+        comps = "; ".join(f"{k}: {', '.join(v)}" for k, v in p.components.items()) or "no components"
+        lines.append(f"  {p.name:<24} {p.dist or '(not installed)'} {p.version or ''}  sha256 {p.digest[:12]}  "
+                     f"[{p.source}]  {comps}")
+    if len(lines) == 1:
+        lines.append("  (none loaded; docs/extending.md says how to write one)")
+    lines.append("components (built-in unless marked):")
+    for kind, reg in registries().items():
+        names = [n + (f" [{origin(kind, n)}]" if origin(kind, n) else "") for n in sorted(reg)]
+        lines.append(f"  {kind + 's' if kind != 'corpus' else 'corpora':<10} {', '.join(names)}")
+    return lines
