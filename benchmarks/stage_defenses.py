@@ -58,6 +58,7 @@ from benchmarks.attack_tables import SCOPE, baseline_line, cell
 from benchmarks.defenses_private import paired_label, public_label, with_trained_adapter
 from benchmarks.defenses_overhead import overhead_ms
 from benchmarks.defenses_random_split import random_split_row
+from benchmarks.defenses_speed import speed_columns
 from benchmarks.schema import add_metric, metric
 from benchmarks.shard import Shard
 from splitinfer.client import SplitModel
@@ -197,9 +198,10 @@ def _cost(loaded, depth: int, tail: int, pipe: DefensePipeline, cfg: dict, refer
     tokens = int(cfg.get("tokens", 24))
     sm = SplitModel(loaded, f"{depth},{tail}", defense=pipe)
     chat = loaded.has_chat_template
-    share, bytes_step = [], []
+    share, bytes_step, seq = [], [], []
     for p in prompts:
         res = sm.generate(p, tokens, chat=chat)
+        seq.append(res)
         ref = reference.setdefault((depth, p), SplitModel(loaded, f"{depth},{tail}").generate(p, tokens, chat=chat))
         same = next((i for i, (a, b) in enumerate(zip(res.token_ids, ref.token_ids)) if a != b),
                     min(len(res.token_ids), len(ref.token_ids)))
@@ -212,7 +214,7 @@ def _cost(loaded, depth: int, tail: int, pipe: DefensePipeline, cfg: dict, refer
     return {"greedy_identity": float(np.mean(share)), "greedy_prompts": len(prompts),
             "bytes_per_step": float(np.mean(bytes_step)),
             "tau_combined": sum(len(r.token_ids) for r in comb) / max(1, sum(len(r.steps) for r in comb)),
-            "modelled_tok_s_80ms": model.tok_s(steps)}
+            "modelled_tok_s_80ms": model.tok_s(steps), **speed_columns({"sequential": seq, "combined": comb})}
 
 
 def _record(results: dict, run: str, row: dict) -> None:
@@ -298,7 +300,7 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
     for o in overhead:
         add_metric(results, f"defenses/overhead/{o['defense']}/T{o['tokens']}", "ms_per_step",
                    metric(o["ms"], higher_is_better=False, kind="info", unit="ms"))
-    return {"rows": [_summary(r) for r in out_rows], "random_split": splits, "overhead": overhead,
+    return {"rows": [_summary(r) for r in out_rows], "random_split": splits, "overhead": overhead, "hidden_size": d,
             "seconds": time.perf_counter() - t0, "skipped": skipped, "attacker_options": options}
 
 
@@ -338,7 +340,8 @@ def _baseline_lines(rows: list[dict]) -> list[str]:
 def defenses_section(data: dict, out) -> list[str]:
     """Markdown for the report, and the frontier plots (one per depth) written under ``out``."""
     from benchmarks.defenses_answers import answers_section
-    from benchmarks.plots_defenses import plot_frontier
+    from benchmarks.defenses_noise import noise_lines
+    from benchmarks.plots_defenses import plot_frontier, plot_speed
 
     rows = data.get("rows", [])
     lines = ["## Defenses against adaptive attackers", "",
@@ -368,10 +371,7 @@ def defenses_section(data: dict, out) -> list[str]:
             f"{n}: " + ", ".join(f"{k}={v}" for k, v in o.items()) for n, o in data["attacker_options"].items()) + "."]
     if data.get("skipped"):
         lines += ["", f"Left out by the stage's time budget: {', '.join(data['skipped'])}."]
-    guarantees = sorted({g for r in rows for g in r["describe"] if "DP per released vector" in g})
-    if guarantees:
-        lines += ["", "Noise guarantees (opacus RDP accountant, per released vector):", ""] + [f"- {g}" for g in
-                                                                                              guarantees]
+    lines += noise_lines(data)  # sigma beside noise norm, SNR, composed epsilon, and a verdict in words
     for r in data.get("random_split", []):
         lines += ["", f"Random split `{r['defense']}` ({r['threat_model']}): depth-id names the session's depth "
                       f"for {_pct(r['sequence_acc'])}% of {r['sequences']} sessions ({_pct(r['token_acc'])}% of "
@@ -390,4 +390,6 @@ def defenses_section(data: dict, out) -> list[str]:
     figs = [(a, plot_frontier([r for r in rows if r["depth"] == a], out / f"defenses_frontier_head{a}.png", a))
             for a in sorted({r["depth"] for r in rows})]
     lines += [""] + [f"![Defense frontier, head depth {a}]({p.name})" for a, p in figs if p is not None] + [""]
+    speed = plot_speed(rows, out / "defenses_speed.png")  # recovery vs tok/s at 80 ms, CPU and GPU-like costs
+    lines += [f"![Privacy vs speed (utility floor: 90% agreement)]({speed.name})", ""] if speed is not None else []
     return lines
