@@ -215,6 +215,14 @@ def paired_token_diff(doc_ids: ArrayLike, correct_a: ArrayLike, correct_b: Array
     scored set, in the same order for both). Counts are summed per document
     and passed to :func:`paired_bootstrap_diff`. Use it for defended vs
     undefended recovery on one scored set, and for attacker vs attacker.
+
+    The interval is widened to at least the exact conditional interval of the
+    discordant tokens (as McNemar's exact test: of the ``m`` tokens exactly
+    one side gets right, ``b`` are A's; Clopper-Pearson on ``b`` of ``m``
+    mapped to ``m / N * (2 p - 1)``), so that a few documents with equal
+    per-document differences cannot give a zero-width interval: 4 documents in
+    which A wins one token of 4 each print +25.0 [-5.0, +25.0], not
+    [+25.0, +25.0] (4 discordant tokens are not significant, as the sign test says).
     """
     doc = np.asarray(doc_ids).reshape(-1)
     a = np.asarray(correct_a, dtype=np.float64).reshape(-1)
@@ -226,5 +234,11 @@ def paired_token_diff(doc_ids: ArrayLike, correct_a: ArrayLike, correct_b: Array
         raise ValueError("paired_token_diff: no tokens to compare")
     _, unit = np.unique(doc, return_inverse=True)  # (N,) document index of each token
     tot = np.bincount(unit).astype(np.float64)  # (D,)
-    return paired_bootstrap_diff(np.bincount(unit, weights=a), tot, np.bincount(unit, weights=b), tot,
-                                 n_boot=n_boot, seed=seed, alpha=alpha)
+    diff, low, high = paired_bootstrap_diff(np.bincount(unit, weights=a), tot, np.bincount(unit, weights=b), tot,
+                                            n_boot=n_boot, seed=seed, alpha=alpha)
+    wins, losses = int(((a > 0) & (b <= 0)).sum()), int(((a <= 0) & (b > 0)).sum())
+    if low is None or wins + losses == 0:
+        return diff, low, high
+    m, n = wins + losses, len(doc)
+    p_low, p_high = clopper_pearson(wins, m, alpha)
+    return diff, min(low, m / n * (2 * p_low - 1)), max(high, m / n * (2 * p_high - 1))

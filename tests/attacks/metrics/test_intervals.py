@@ -109,9 +109,23 @@ def test_paired_token_diff_pairs_tokens_by_document() -> None:
     assert diff == pytest.approx(a.mean() - b.mean()) and 0 < low <= diff <= high
     per_a = np.bincount(doc, weights=a)
     per_b = np.bincount(doc, weights=b)
-    assert (diff, low, high) == M.paired_bootstrap_diff(per_a, np.full(30, 10.0), per_b, np.full(30, 10.0),
-                                                        n_boot=400)
+    boot = M.paired_bootstrap_diff(per_a, np.full(30, 10.0), per_b, np.full(30, 10.0), n_boot=400)
+    assert diff == boot[0] and low <= boot[1] and high >= boot[2]
     shuffled = rng.permutation(300)  # document ids need not be sorted or contiguous
     assert M.paired_token_diff(doc[shuffled] * 3 + 5, a[shuffled], b[shuffled], n_boot=400) == (diff, low, high)
     with pytest.raises(ValueError, match="same tokens"):
         M.paired_token_diff(doc, a, b[:-1])
+
+
+def test_paired_token_diff_is_never_narrower_than_the_discordant_tokens_allow():
+    """4 documents in which A gets one token of 4 more than B: the bootstrap alone says +25.0 [+25.0, +25.0]."""
+    doc = np.repeat(np.arange(4), 4)
+    a = np.ones(16, bool)
+    b = np.tile([True, True, True, False], 4)
+    diff, low, high = M.paired_token_diff(doc, a, b)
+    assert M.paired_bootstrap_diff([4] * 4, [4] * 4, [3] * 4, [4] * 4) == (0.25, 0.25, 0.25)
+    assert diff == 0.25 and high == pytest.approx(0.25) and low == pytest.approx(0.25 * (2 * 0.025 ** 0.25 - 1))
+    assert low < 0  # 4 of 4 discordant tokens: not significant (two-sided sign test p = 0.125)
+    many = M.paired_token_diff(np.repeat(np.arange(40), 4), np.ones(160, bool), np.tile(b, 10))
+    assert many[1] > 0  # 40 of 40 discordant tokens over 40 documents: significant
+    assert M.paired_token_diff(doc, a, a) == (0.0, 0.0, 0.0)  # no discordant token: the bootstrap's zero
