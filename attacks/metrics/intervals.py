@@ -221,7 +221,7 @@ def paired_token_diff(doc_ids: ArrayLike, correct_a: ArrayLike, correct_b: Array
     one side gets right, ``b`` are A's; Clopper-Pearson on ``b`` of ``m``
     mapped to ``m / N * (2 p - 1)``), so that a few documents with equal
     per-document differences cannot give a zero-width interval: 4 documents in
-    which A wins one token of 4 each print +25.0 [-5.0, +25.0], not
+    which A wins one token of 4 each print +25.0 [-5.1, +25.0], not
     [+25.0, +25.0] (4 discordant tokens are not significant, as the sign test says).
     """
     doc = np.asarray(doc_ids).reshape(-1)
