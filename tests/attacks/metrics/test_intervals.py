@@ -129,3 +129,14 @@ def test_paired_token_diff_is_never_narrower_than_the_discordant_tokens_allow():
     many = M.paired_token_diff(np.repeat(np.arange(40), 4), np.ones(160, bool), np.tile(b, 10))
     assert many[1] > 0  # 40 of 40 discordant tokens over 40 documents: significant
     assert M.paired_token_diff(doc, a, a) == (0.0, 0.0, 0.0)  # no discordant token: the bootstrap's zero
+
+
+def test_summarize_reports_document_level_bounds_issue_28():
+    """The defense tables' numbers come from summarize: 4 documents of 16 tokens, every token recovered, print
+    [39.8, 100.0] (not the token-level [94.4, 100.0]); 14 of 16 in each document is no longer [87.5, 87.5]."""
+    trues = [np.arange(16) + 100 * i for i in range(4)]
+    right = M.summarize(trues, [t[:, None] for t in trues], ks=(1,))["token_acc_top1"]
+    assert (right["value"], round(100 * right["ci_low"], 1), right["ci_high"], right["n"]) == (1.0, 39.8, 1.0, 64)
+    guesses = [np.where(np.arange(16) < 14, t, -1)[:, None] for t in trues]
+    m = M.summarize(trues, guesses, ks=(1,))["token_acc_top1"]
+    assert m["value"] == 0.875 and m["ci_low"] < 0.875 < m["ci_high"]
