@@ -16,8 +16,9 @@ from typing import Any
 from attacks.metrics import paired_bootstrap_diff
 
 SCOPE = ("Scope: user text (turn content); chat-template tokens (system prompt, role markers) are excluded and "
-         "shown apart in the template column. Intervals: 95%, bootstrap over documents; Clopper-Pearson when every "
-         "case succeeds or fails; n/a below 2 documents.")
+         "shown apart in the template column. Intervals: 95%, documents as the unit: Clopper-Pearson over documents "
+         "when every token is right or every one wrong, else a bootstrap over documents widened to at least the "
+         "exact interval of the pooled tokens and those document bounds (docs/reporting.md); n/a below 2 documents.")
 
 
 def pct(x: float | None) -> str:

@@ -31,6 +31,7 @@ import torch
 
 from attacks.metrics.core import token_f1
 from attacks.metrics.intervals import bootstrap_ci, interval
+from benchmarks.defenses_speed import speed_columns
 from benchmarks.prompts import PROMPTS
 from splitinfer.client import SplitModel
 from splitinfer.corpora import load_corpus
@@ -171,16 +172,18 @@ def greedy(loaded: Any, sm: SplitModel, reference: SplitModel, prompts: list[str
 
 
 def cost(loaded: Any, sm: SplitModel, cfg: dict) -> dict[str, Any]:
-    """tau of combined under the defense and its tok/s modelled at 80 ms RTT (the suite's cost prompts)."""
+    """tau of combined under the defense, its tok/s modelled at 80 ms RTT, and tok/s per decoding (CPU and flat
+    compute) for the privacy-vs-speed plot (the suite's cost prompts)."""
     prompts = [PROMPTS[c][0] for c in cfg.get("categories", ["conversational"])]
     tokens = int(cfg.get("tokens", 24))
     opts = dict(cfg.get("decoding_options", {}).get("combined", {}))
     comb = [sm.generate(p, tokens, chat=loaded.has_chat_template, decoding="combined", decoding_options=opts)
             for p in prompts]
+    seq = [sm.generate(p, tokens, chat=loaded.has_chat_template) for p in prompts]
     steps = [s for r in comb for s in r.steps[1:]]
     model = fit([s for r in comb for s in r.steps], 0.0, None).project(80.0, 100.0)
     return {"tau_combined": sum(len(r.token_ids) for r in comb) / max(1, sum(len(r.steps) for r in comb)),
-            "modelled_tok_s_80ms": model.tok_s(steps)}
+            "modelled_tok_s_80ms": model.tok_s(steps), **speed_columns({"sequential": seq, "combined": comb})}
 
 
 def cell_utility(loaded: Any, depth: int, tail: int, pipe: Any, cfg: dict, texts: dict, cache: dict,

@@ -334,7 +334,7 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
     for o in overhead:
         add_metric(results, f"defenses/overhead/{o['defense']}/T{o['tokens']}", "ms_per_step",
                    metric(o["ms"], higher_is_better=False, kind="info", unit="ms"))
-    return {"rows": [_summary(r) for r in out_rows], "random_split": splits, "overhead": overhead,
+    return {"rows": [_summary(r) for r in out_rows], "random_split": splits, "overhead": overhead, "hidden_size": d,
             "seconds": time.perf_counter() - t0, "skipped": skipped, "attacker_options": options,
             "scored_set": asdict(sset), "elsewhere": rows_elsewhere(cfg), "predictions": preds}
 
@@ -375,7 +375,8 @@ def _baseline_lines(rows: list[dict]) -> list[str]:
 def defenses_section(data: dict, out) -> list[str]:
     """Markdown for the report, and the frontier plots (one per depth) written under ``out``."""
     from benchmarks.defenses_answers import answers_section
-    from benchmarks.plots_defenses import plot_frontier
+    from benchmarks.defenses_noise import noise_lines
+    from benchmarks.plots_defenses import plot_frontier, plot_speed
 
     data = {**data, "rows": with_undefended_gaps(data.get("rows", []))}  # paired, from per-document counts
     rows = data["rows"]
@@ -404,10 +405,7 @@ def defenses_section(data: dict, out) -> list[str]:
                       f"sample sizes): {', '.join(e['cells'])}."]
     if data.get("skipped"):
         lines += ["", f"Left out by the stage's time budget: {', '.join(data['skipped'])}."]
-    guarantees = sorted({g for r in rows for g in r["describe"] if "DP per released vector" in g})
-    if guarantees:
-        lines += ["", "Noise guarantees (opacus RDP accountant, per released vector):", ""] + [f"- {g}" for g in
-                                                                                              guarantees]
+    lines += noise_lines(data)  # sigma beside noise norm, SNR, composed epsilon, and a verdict in words
     for r in data.get("random_split", []):
         lines += ["", f"Random split `{r['defense']}` ({r['threat_model']}): depth-id names the session's depth "
                       f"for {_pct(r['sequence_acc'])}% of {r['sequences']} sessions ({_pct(r['token_acc'])}% of "
@@ -426,4 +424,6 @@ def defenses_section(data: dict, out) -> list[str]:
     figs = [(a, plot_frontier([r for r in rows if r["depth"] == a], out / f"defenses_frontier_head{a}.png", a))
             for a in sorted({r["depth"] for r in rows})]
     lines += [""] + [f"![Defense frontier, head depth {a}]({p.name})" for a, p in figs if p is not None] + [""]
+    speed = plot_speed(rows, out / "defenses_speed.png")  # recovery vs tok/s at 80 ms, CPU and GPU-like costs
+    lines += [f"![Privacy vs speed (utility floor: 90% agreement)]({speed.name})", ""] if speed is not None else []
     return lines

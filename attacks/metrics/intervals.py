@@ -1,15 +1,21 @@
-"""Intervals over documents (issue 14 item 6).
+"""Intervals over documents (issue 14 item 6; issue 28 finding 2).
+
+Documents are the unit everywhere (DESIGN.md section 5):
 
 * :func:`bootstrap_ci` -- percentile bootstrap CI of a ratio of sums,
   resampling documents with replacement.
-* :func:`clopper_pearson` -- exact binomial bounds, used when every case
-  succeeds or every case fails (a bootstrap then gives a zero-width interval).
+* :func:`clopper_pearson` -- exact binomial bounds (Clopper and Pearson 1934).
+* :func:`document_extremes` -- the exact bounds when every *document* succeeds
+  or fails: Clopper-Pearson with the documents as the trials.
 * :func:`interval` -- the rule every reported metric follows: no interval
-  (n/a) with fewer than 2 documents, exact bounds at 0% or 100%, else the
-  bootstrap.
+  (n/a) with fewer than 2 documents; when every case succeeds or fails, the
+  exact bounds over documents; otherwise the bootstrap over documents, widened
+  so that it is never narrower than is possible (:func:`interval` says how).
 * :func:`paired_bootstrap_diff` -- CI of the difference of two ratios on the
-  same documents (attacker vs attacker, attacker vs baseline), resampling
-  documents jointly, instead of checking whether two intervals are disjoint.
+  same documents (attacker vs attacker, defended vs undefended, attacker vs
+  baseline), resampling documents jointly, instead of checking whether two
+  intervals are disjoint; :func:`paired_token_diff` is the same from per-token
+  correctness on one common scored set.
 """
 
 from __future__ import annotations
@@ -92,15 +98,48 @@ def clopper_pearson(successes: int, trials: int, alpha: float = 0.05) -> tuple[f
             float(beta.ppf(1 - alpha / 2, successes + 1, trials - successes)))
 
 
+def document_extremes(n_docs: int, alpha: float = 0.05) -> tuple[float, float]:
+    """``(L, U)``: the exact lower bound when all ``n_docs`` documents succeed and the exact upper bound when all fail.
+
+    Clopper-Pearson with the documents as the trials: ``L = (alpha/2)^(1/D)``,
+    ``U = 1 - L`` (4 documents: 39.8% and 60.2%; 20: 83.2% and 16.8%; 60:
+    94.0% and 6.0%). Tokens of one document are not independent, so a score
+    of 100% on 64 tokens of 4 documents supports no more than 100% of 4
+    documents does.
+    """
+    if n_docs < 1:
+        raise ValueError(f"document_extremes needs at least 1 document, got {n_docs}")
+    low = float((alpha / 2) ** (1.0 / n_docs))
+    return low, 1.0 - low
+
+
 def interval(num: ArrayLike, den: ArrayLike, *, binary: bool, n_boot: int = 1000, seed: int = 0,
              alpha: float = 0.05) -> tuple[float, float | None, float | None]:
     """``(value, low, high)`` of ``sum(num) / sum(den)`` by the reporting rule of this module.
 
-    Documents with ``den == 0`` do not count. Fewer than 2 documents: no
-    interval (``None`` bounds, printed n/a). ``binary`` (each unit a success
-    or a failure, e.g. tokens right / wrong) and every unit succeeded or
-    failed: :func:`clopper_pearson` on the pooled counts. Otherwise
-    :func:`bootstrap_ci` over documents.
+    Documents with ``den == 0`` do not count; ``D`` is the number that do.
+
+    * ``D < 2``: no interval (``None`` bounds, printed n/a).
+    * A share (``0 <= num <= den`` per document) where every document scores 1
+      or every one scores 0 (every token right or every token wrong):
+      :func:`document_extremes`, ``[L, 1]`` or ``[0, U]``, never the
+      Clopper-Pearson bound over tokens as if they were independent.
+    * Otherwise the percentile :func:`bootstrap_ci` over documents, widened so
+      that it is never narrower than is possible:
+
+      - ``binary`` (each unit a success or a failure, e.g. tokens right /
+        wrong): to at least the Clopper-Pearson interval of the pooled counts
+        (tokens of a document are positively correlated, if at all, so they
+        carry no more information than as many independent tokens). 2 of 16
+        tokens over 4 documents: the bootstrap's [0.0, 25.0] becomes at least
+        the exact [1.6, 38.3], so [0.0, 38.3], then [0.0, 60.2] by the next rule;
+      - a share: the lower bound at most ``L`` and the upper at least ``U``
+        (no outcome is more certain than the most extreme one: 63 of 64 tokens
+        over 4 documents cannot have a lower bound above the 39.8% that 64 of
+        64 gets).
+
+    Deviation from a plain bootstrap: with few documents these floors, not the
+    bootstrap, set the width; that is intended (issue 28, finding 2).
     """
     num = np.asarray(num, dtype=np.float64).reshape(-1)
     den = np.asarray(den, dtype=np.float64).reshape(-1)
@@ -110,13 +149,24 @@ def interval(num: ArrayLike, den: ArrayLike, *, binary: bool, n_boot: int = 1000
     if not used.any():
         raise ValueError("interval: the denominators sum to zero (no tokens / spans to score)")
     value = float(num.sum() / den.sum())
-    if used.sum() < 2:
+    n_docs = int(used.sum())
+    if n_docs < 2:
         return value, None, None
-    k, n = float(num.sum()), float(den.sum())
-    if binary and (k == 0 or k == n):
-        low, high = clopper_pearson(int(k), int(n), alpha)
-        return value, low, high
-    return bootstrap_ci(num[used], den[used], n_boot=n_boot, seed=seed, alpha=alpha)
+    num, den = num[used], den[used]
+    share = bool(((num >= 0) & (num <= den)).all())
+    if share:
+        ext_low, ext_high = document_extremes(n_docs, alpha)
+        if (num == den).all():
+            return value, ext_low, 1.0
+        if (num == 0).all():
+            return value, 0.0, ext_high
+    _, low, high = bootstrap_ci(num, den, n_boot=n_boot, seed=seed, alpha=alpha)
+    if binary:
+        cp_low, cp_high = clopper_pearson(int(round(num.sum())), int(round(den.sum())), alpha)
+        low, high = min(low, cp_low), max(high, cp_high)
+    if share:
+        low, high = min(low, ext_low), max(high, ext_high)
+    return value, float(low), float(high)
 
 
 def paired_bootstrap_diff(num_a: ArrayLike, den_a: ArrayLike, num_b: ArrayLike, den_b: ArrayLike, *,
@@ -154,3 +204,41 @@ def paired_bootstrap_diff(num_a: ArrayLike, den_a: ArrayLike, num_b: ArrayLike, 
         return diff, None, None
     low, high = np.nanquantile(stats, [alpha / 2.0, 1.0 - alpha / 2.0])
     return diff, float(low), float(high)
+
+
+def paired_token_diff(doc_ids: ArrayLike, correct_a: ArrayLike, correct_b: ArrayLike, *, n_boot: int = 1000,
+                      seed: int = 0, alpha: float = 0.05) -> tuple[float, float | None, float | None]:
+    """``(diff, low, high)`` of accuracy A minus accuracy B scored on the *same tokens*, paired over documents.
+
+    ``doc_ids`` names each token's document, ``correct_a`` / ``correct_b`` say
+    whether A / B got that token right (one entry per token of the common
+    scored set, in the same order for both). Counts are summed per document
+    and passed to :func:`paired_bootstrap_diff`. Use it for defended vs
+    undefended recovery on one scored set, and for attacker vs attacker.
+
+    The interval is widened to at least the exact conditional interval of the
+    discordant tokens (as McNemar's exact test: of the ``m`` tokens exactly
+    one side gets right, ``b`` are A's; Clopper-Pearson on ``b`` of ``m``
+    mapped to ``m / N * (2 p - 1)``), so that a few documents with equal
+    per-document differences cannot give a zero-width interval: 4 documents in
+    which A wins one token of 4 each print +25.0 [-5.1, +25.0], not
+    [+25.0, +25.0] (4 discordant tokens are not significant, as the sign test says).
+    """
+    doc = np.asarray(doc_ids).reshape(-1)
+    a = np.asarray(correct_a, dtype=np.float64).reshape(-1)
+    b = np.asarray(correct_b, dtype=np.float64).reshape(-1)
+    if not len(doc) == len(a) == len(b):
+        raise ValueError(f"paired_token_diff needs one doc id and one result of each side per token, got "
+                         f"{len(doc)}, {len(a)}, {len(b)}; score both sides on the same tokens")
+    if len(doc) == 0:
+        raise ValueError("paired_token_diff: no tokens to compare")
+    _, unit = np.unique(doc, return_inverse=True)  # (N,) document index of each token
+    tot = np.bincount(unit).astype(np.float64)  # (D,)
+    diff, low, high = paired_bootstrap_diff(np.bincount(unit, weights=a), tot, np.bincount(unit, weights=b), tot,
+                                            n_boot=n_boot, seed=seed, alpha=alpha)
+    wins, losses = int(((a > 0) & (b <= 0)).sum()), int(((a <= 0) & (b > 0)).sum())
+    if low is None or wins + losses == 0:
+        return diff, low, high
+    m, n = wins + losses, len(doc)
+    p_low, p_high = clopper_pearson(wins, m, alpha)
+    return diff, min(low, m / n * (2 * p_low - 1)), max(high, m / n * (2 * p_high - 1))

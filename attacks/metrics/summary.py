@@ -20,7 +20,8 @@ text, the headline. Keys:
 * ``coverage``: share of user-text test tokens seen in training.
 
 Intervals follow :func:`attacks.metrics.intervals.interval` (n/a below 2
-documents, Clopper-Pearson at 0% / 100%, else a bootstrap over documents);
+documents, Clopper-Pearson over documents at 0% / 100%, else a bootstrap over
+documents never narrower than the pooled exact interval);
 every metric uses the same bootstrap seed, so the same resampled documents.
 """
 
