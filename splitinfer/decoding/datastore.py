@@ -123,12 +123,9 @@ def count_tree(seqs: Sequence[Sequence[int]], budget: int, min_prob: float = 0.0
 
 
 def encode_text(tokenizer, text: str) -> list[int]:
-    """Token ids of ``text`` as the model's tokenizer makes them by default (the one tokenisation call here)."""
-    try:
-        from splitinfer.tokens import encode_text as encode  # issue 27's tokenisation, where present
-    except ImportError:
-        return list(tokenizer(text)["input_ids"])
-    return list(encode(tokenizer, text).ids)
+    """Token ids of ``text`` as the model's tokenizer makes them by default (the one tokenisation call here;
+    issue 27's ``splitinfer.tokens.encode_text(tokenizer, text).ids`` replaces it once that lands)."""
+    return list(tokenizer(text)["input_ids"])
 
 
 @lru_cache(maxsize=4)
