@@ -62,17 +62,17 @@ def run_ablation(bench, model: StepTimeModel, ablation_prompts: int, lookahead: 
                  flat80: dict, full: bool = True) -> None:
     """Add the ablation rows (see the module docstring) to ``bench.runs`` (a :class:`benchmarks.decoding.DecodingBench`;
     ``cpu80`` / ``flat80``: the default combined's fixed step costs and their flat variant; ``full`` False: only
-    the per-source ablation and the sizing rows, the held-out run's budget)."""
+    the per-source ablation and the flat-cost row, the held-out run's budget)."""
     for label, opts in source_ablation(cpu80).items():
         bench.replayed(label, "combined", opts)
     bench.replayed("combined gpu-flat@80ms", "combined", {**flat80, "lookahead": "off"})
+    if not full:
+        return
     for rtt in RTTS:
         for flat in (False, True):
             step_ms, token_ms = cost_coefficients(model.project(rtt, BANDWIDTH_MBPS), flat)
             label = f"combined-no-lookahead sized {'gpu-flat' if flat else 'cpu'}@{rtt:g}ms"
             bench.replayed(label, "combined", {"step_ms": step_ms, "token_ms": token_ms, "lookahead": "off"})
-    if not full:
-        return
     for n in NGRAMS:
         bench.replayed(f"ngram-pool n={n}", "ngram-pool", {"ngram": n})
     for t in BUDGETS:

@@ -233,6 +233,7 @@ def format_report(results: dict) -> str:
             [k + (" R" if table[k]["replayed"] else ""), table[k]["tau"].get("code", float("nan")),
              table[k]["tau"]["mean"], *[table[k]["tau"].get(c, float("nan")) for c in ext],
              f"{table[k]['tau']['mean'] - full:+.2f}"] for k in sources]))
+    parts += speedup_lines(table, results)
     parts += measured_rtt_lines(results)
     parts.append("\n== targets ==")
     for k, t in targets(table, results).items():
@@ -254,6 +255,22 @@ def external(table: dict) -> list[str]:
     out: list[str] = []
     for r in table.values():
         out += [c for c in r["tau"] if c in EXTERNAL and c not in out]
+    return out
+
+
+def speedup_lines(table: dict, results: dict, rtt: float = 80.0) -> list[str]:
+    """Spec-Bench's view (held-out runs): modelled speed-up over sequential at ``rtt`` per category, per row."""
+    if not results.get("config", {}).get("prompt_split") or "sequential" not in table:
+        return []
+    cats, seq = categories(table), table["sequential"]
+    rows_of = [k for k in table if " " not in k or k.startswith("prompt-lookup transformers-rule")]
+    out = []
+    for kind, title in (("cpu", f"this {hardware(results)}'s fitted costs"), ("flat", "flat per-step compute")):
+        key = f"{kind}@{rtt:g}"
+        out.append(f"\n== modelled speed-up over sequential at {rtt:g} ms, {title}, per category ==")
+        out.append(_fmt_table(["decoding", *cats, "mean"], [
+            [k + (" R" if table[k]["replayed"] else ""), *[table[k][key][c] / seq[key][c] for c in cats],
+             project_mean(table[k][key]) / project_mean(seq[key])] for k in rows_of]))
     return out
 
 
