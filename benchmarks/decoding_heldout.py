@@ -162,9 +162,9 @@ def run_heldout_bench(sm, split: str, max_new_tokens: int = 256, per_category: i
         run_ablation(bench, model, 0, False, CPU80, FLAT80, full=False)
     if max_new_tokens > SHORT:
         for name in ("sequential", *SOURCES_ALONE):
-            replay_short(bench, name, name, None)
-        replay_short(bench, "combined", "combined", CPU80)
-        replay_short(bench, HF_RULE, "prompt-lookup", HF_PROMPT_LOOKUP)
+            replay_short(bench, name, name, None, SHORT)
+        replay_short(bench, "combined", "combined", CPU80, SHORT)
+        replay_short(bench, HF_RULE, "prompt-lookup", HF_PROMPT_LOOKUP, SHORT)
     peers = {"transformers prompt-lookup k=10 (unsplit; its rule replayed, checked on real runs)":
              _peer_records(bench, HF_RULE), "assisted generation": "n/a (no smaller model with the same tokenizer)"}
     for rec, i in zip(real_peer, peer_sub):
