@@ -43,13 +43,10 @@ SOURCES_ALONE = ("ngram-pool", "prompt-lookup", "suffix", "token-recycling", "re
 
 
 def encode(tokenizer, messages: list[dict[str, str]]) -> list[int]:
-    """Token ids of a chat (the model's chat template, generation prompt added).
+    """Token ids of a chat (the model's chat template, generation prompt added; :func:`splitinfer.tokens.encode_chat`)."""
+    from splitinfer.tokens import encode_chat
 
-    The one tokenisation call of the held-out sets: issue 27's ``splitinfer.tokens.encode_chat(tokenizer,
-    messages, add_generation_prompt=True).ids`` replaces it once that lands on this branch.
-    """
-    ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True, return_dict=False)
-    return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+    return list(encode_chat(tokenizer, list(messages), add_generation_prompt=True).ids)
 
 
 def replay_short(bench, label: str, name: str, options: dict | None, n: int = SHORT) -> None:

@@ -122,15 +122,10 @@ def count_tree(seqs: Sequence[Sequence[int]], budget: int, min_prob: float = 0.0
     return out
 
 
-def encode_text(tokenizer, text: str) -> list[int]:
-    """Token ids of ``text`` as the model's tokenizer makes them by default (the one tokenisation call here;
-    issue 27's ``splitinfer.tokens.encode_text(tokenizer, text).ids`` replaces it once that lands)."""
-    return list(tokenizer(text)["input_ids"])
-
-
 @lru_cache(maxsize=4)
 def _cached(tokenizer, corpora: tuple[str, ...], max_tokens: int, width: int) -> Datastore:
     from splitinfer.corpora import load_corpus
+    from splitinfer.tokens import encode_text
 
     docs: list[list[int]] = []
     per = max_tokens // max(1, len(corpora))
@@ -139,7 +134,7 @@ def _cached(tokenizer, corpora: tuple[str, ...], max_tokens: int, width: int) ->
         for text in load_corpus(name, "train", tokenizer=tokenizer)["text"]:
             if got >= per:
                 break
-            ids = encode_text(tokenizer, text)[: per - got]
+            ids = list(encode_text(tokenizer, text).ids)[: per - got]
             docs.append(ids)
             got += len(ids)
     store = Datastore(docs, width)
