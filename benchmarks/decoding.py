@@ -109,7 +109,7 @@ def noise_floor(model, prompt_ids: list[int], output: list[int], ref_logits: lis
     return (got - torch.stack(ref_logits[: len(output)]).cpu()).abs().max().item()
 
 
-def _steps(records: list[dict], decode_only: bool = True) -> list[StepTiming]:
+def measured_steps(records: list[dict], decode_only: bool = True) -> list[StepTiming]:
     """Steps for the step-time fit (runs of model-drafting proposers left out)."""
     out = []
     for r in records:
@@ -130,7 +130,7 @@ class DecodingBench:
 
     def __init__(self, sm: SplitModel, prompts: dict[str, list[str]], max_new_tokens: int, tolerance: float):
         self.sm, self.max_new, self.tol = sm, max_new_tokens, tolerance
-        from benchmarks.decoding_heldout import encode
+        from benchmarks.prompt_sets import encode
 
         self.items = [(cat, p) for cat, ps in prompts.items() for p in ps]  # p: text, or chat messages (held-out)
         self.ids = [sm.encode_prompt(p, chat=True) if isinstance(p, str) else encode(sm.loaded.tokenizer, p)
@@ -270,7 +270,7 @@ def run_decoding_bench(
             if "combined" in wanted:
                 sources = f"{','.join(DEFAULT_SOURCES)},{drafter}"
                 bench.measure(f"combined+{drafter}", "combined", {**CPU80, **opts, "sources": sources})
-    all_steps = _steps([r for recs in bench.runs.values() for r in recs])
+    all_steps = measured_steps([r for recs in bench.runs.values() for r in recs])
     model = fit(all_steps, 0.0, None, skip_prefill=False)
     results = {
         "config": {"model": sm.loaded.spec, "model_sha256": sm.loaded.sha256, "split": str(sm.split),

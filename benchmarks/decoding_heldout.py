@@ -16,8 +16,6 @@
 
 Pieces:
 
-- :func:`encode`: a held-out prompt (chat messages, :mod:`benchmarks.prompt_sets`) as token ids, with the
-  model's chat template.
 - :func:`replay_short`: tau at a shorter generation length (128 tokens) by exact replay against the first
   tokens of the 256-token sequential outputs (greedy decoding's first 128 tokens *are* those).
 - :func:`measured_at_rtt`: real runs of sequential and the default ``combined`` over the emulated link at
@@ -40,13 +38,6 @@ log = logging.getLogger(__name__)
 TOPK = 8  # top tokens per row for token-recycling's replay (as benchmarks.decoding)
 SHORT = 128  # the shorter Spec-Bench-style generation length, replayed from the long references
 SOURCES_ALONE = ("ngram-pool", "prompt-lookup", "suffix", "token-recycling", "rest", "suffix-automaton")
-
-
-def encode(tokenizer, messages: list[dict[str, str]]) -> list[int]:
-    """Token ids of a chat (the model's chat template, generation prompt added; :func:`splitinfer.tokens.encode_chat`)."""
-    from splitinfer.tokens import encode_chat
-
-    return list(encode_chat(tokenizer, list(messages), add_generation_prompt=True).ids)
 
 
 def replay_short(bench, label: str, name: str, options: dict | None, n: int = SHORT) -> None:
@@ -127,7 +118,7 @@ def run_heldout_bench(sm, split: str, max_new_tokens: int = 256, per_category: i
                       tolerance: float = 1e-4) -> dict:
     """The held-out benchmark: see the module docstring of :mod:`benchmarks.decoding` and this module's."""
     from benchmarks.decoding import CPU80, FLAT80, HF_PROMPT_LOOKUP, HF_RULE, DecodingBench, committed
-    from benchmarks.decoding import _steps as measured_steps
+    from benchmarks.decoding import measured_steps
     from benchmarks.decoding_ablation import run_ablation
     from benchmarks.decoding_peers import prompt_lookup_runs
     from benchmarks.prompt_sets import prompt_set

@@ -82,7 +82,7 @@ def batched_greedy(model, prompts: list[list[int]], max_new_tokens: int, eos: se
 def build_refs(sm, humaneval: int, max_new_tokens: int, peers: bool = False, prompt_split: str | None = None) -> dict:
     """Greedy outputs and top-k rows for every prompt, and optionally transformers' prompt lookup on each
     (``prompt_split``: the held-out dev or test set of :mod:`benchmarks.prompt_sets` instead of the project's)."""
-    from benchmarks.decoding_heldout import encode
+    from benchmarks.prompt_sets import encode
     from benchmarks.prompt_sets import prompt_set
     from splitinfer.client import eos_ids
 

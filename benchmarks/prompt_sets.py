@@ -145,6 +145,13 @@ def all_prompts() -> dict[str, list[list[dict[str, str]]]]:
     }
 
 
+def encode(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of a prompt (the model's chat template, generation prompt added; :func:`splitinfer.tokens.encode_chat`)."""
+    from splitinfer.tokens import encode_chat
+
+    return list(encode_chat(tokenizer, list(messages), add_generation_prompt=True).ids)
+
+
 def prompt_set(split: str, per_category: int | None = None) -> dict[str, list[list[dict[str, str]]]]:
     """The ``dev`` or ``test`` prompts of every category (the first ``per_category`` of each, if given)."""
     if split not in SPLITS:
