@@ -149,3 +149,10 @@ def corpus_datastore(tokenizer, corpora: str, max_tokens: int, width: int = 16) 
     if tokenizer is None or not names or max_tokens <= 0:
         return Datastore([], width)
     return _cached(tokenizer, names, int(max_tokens), int(width))
+
+
+def ensure_store(store: Datastore | None, env, corpora: str, max_tokens: int, max_match: int) -> Datastore:
+    """A proposer's datastore: ``store`` if built, else built now from the run's tokenizer (``env.tokenizer``)."""
+    if store is not None:
+        return store
+    return corpus_datastore(getattr(env, "tokenizer", None), corpora, max_tokens, width=max_match + 1)

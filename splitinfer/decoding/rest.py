@@ -21,7 +21,7 @@ proposer drafts nothing.
 from __future__ import annotations
 
 from splitinfer.decoding.base import EMPTY, Candidate, Draft, Proposer, check_positive, register_proposer
-from splitinfer.decoding.datastore import Datastore, corpus_datastore, count_tree
+from splitinfer.decoding.datastore import Datastore, count_tree, ensure_store
 from splitinfer.decoding.suffix import tree_to_candidates
 from splitinfer.errors import SplitInferError
 
@@ -48,9 +48,7 @@ class Rest(Proposer):
 
     def begin(self, prompt, env) -> None:
         super().begin(prompt, env)
-        if self.store is None:
-            self.store = corpus_datastore(getattr(env, "tokenizer", None), self.corpora, self.max_tokens,
-                                          width=self.max_match + 1)
+        self.store = ensure_store(self.store, env, self.corpora, self.max_tokens, self.max_match)
 
     def speculation(self, context: list[int]) -> list[tuple[int, int, float, float]]:
         if self.store is None:

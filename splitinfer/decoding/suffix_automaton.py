@@ -23,7 +23,7 @@ source with ``token-recycling``.
 from __future__ import annotations
 
 from splitinfer.decoding.base import EMPTY, Candidate, Draft, Proposer, check_positive, register_proposer
-from splitinfer.decoding.datastore import SEP, Datastore, corpus_datastore
+from splitinfer.decoding.datastore import SEP, Datastore, ensure_store
 
 DEFAULT_CORPORA = "chat,code,prose"  # the same public datastore as ``rest`` (built once per process)
 
@@ -114,9 +114,7 @@ class SamDecoding(Proposer):
 
     def begin(self, prompt, env) -> None:
         super().begin(prompt, env)
-        if self.store is None:
-            self.store = corpus_datastore(getattr(env, "tokenizer", None), self.corpora, self.max_tokens,
-                                          width=self.max_match + 1)
+        self.store = ensure_store(self.store, env, self.corpora, self.max_tokens, self.max_match)
         self.request, self.past_state = SuffixAutomaton(), (0, 0)
         self._feed(prompt)
 
