@@ -126,6 +126,7 @@ def run_heldout_bench(sm, split: str, max_new_tokens: int = 256, per_category: i
     from splitinfer.client import eos_ids
     from splitinfer.decoding.combined import DEFAULT_SOURCES
     from splitinfer.timing import cross_validate, fit
+    from splitinfer.tokens import tokenisation_record
 
     t0 = time.perf_counter()
     prompts = prompt_set(split, per_category)
@@ -164,7 +165,8 @@ def run_heldout_bench(sm, split: str, max_new_tokens: int = 256, per_category: i
                    "prompts": prompts, "categories": list(prompts), "tolerance": tolerance,
                    "combined_options": CPU80, "combined_gpu_flat_options": FLAT80,
                    "combined_sources": list(DEFAULT_SOURCES), "reference": "combined, checked greedy token by token",
-                   "real_sequential_prompts_per_category": rtt_prompts, "real_peer_prompts_per_category": peer_prompts},
+                   "real_sequential_prompts_per_category": rtt_prompts, "real_peer_prompts_per_category": peer_prompts,
+                   "tokenisation": tokenisation_record(sm.loaded.tokenizer)},
         "step_model": model.to_dict(),
         "cross_validation": cross_validate(all_steps, 0.0, None, skip_prefill=False),
         "replay_checks": checks,

@@ -43,6 +43,7 @@ def test_combined_outputs_are_greedy_and_every_source_is_replayed(results):
         assert len(runs[name]) == 3 and runs[name][0]["replayed"], name
     assert res["replay_checks"] == {"combined": True, "transformers prompt lookup rule": True}
     assert res["config"]["prompt_split"] == "test" and res["config"]["categories"] == ["qa", "code"]
+    assert "chat_template_sha256" in res["config"]["tokenisation"]
     assert res["measured_rtt"]["combined"]["identical"] == 2
 
 
