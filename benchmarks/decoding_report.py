@@ -279,8 +279,8 @@ def measured_rtt_lines(results: dict) -> list[str]:
     m = results.get("measured_rtt")
     if not m:
         return []
-    rows = [[k, m[k]["tokens"], m[k]["steps"], m[k]["tau"], m[k]["wall_s"], m[k]["tok_s"], f"{m[k]['identical']}/{m[k]['n']}"]
-            for k in ("sequential", "combined")]
+    rows = [[k, m[k]["tokens"], m[k]["steps"], m[k]["tau"], m[k]["wall_s"], m[k]["tok_s"],
+             f"{m[k]['identical']}/{m[k]['n']}"] for k in ("sequential", "combined")]
     return [f"\n== measured at {m['rtt_ms']:g} ms RTT (emulated link, this CPU), {m['prompts']} prompts, "
             f"{m['max_new_tokens']} new tokens each ==",
             _fmt_table(["decoding", "tokens", "steps", "tau", "wall s", "tok/s", "identical"], rows),

@@ -146,7 +146,7 @@ def all_prompts() -> dict[str, list[list[dict[str, str]]]]:
 
 
 def encode(tokenizer, messages: list[dict[str, str]]) -> list[int]:
-    """Token ids of a prompt (the model's chat template, generation prompt added; :func:`splitinfer.tokens.encode_chat`)."""
+    """Token ids of a prompt: the model's chat template, generation prompt added (``splitinfer.tokens.encode_chat``)."""
     from splitinfer.tokens import encode_chat
 
     return list(encode_chat(tokenizer, list(messages), add_generation_prompt=True).ids)

@@ -93,7 +93,8 @@ class Datastore:
         return out
 
 
-def count_tree(seqs: Sequence[Sequence[int]], budget: int, min_prob: float = 0.0) -> list[tuple[int, int, float, float]]:
+def count_tree(seqs: Sequence[Sequence[int]], budget: int,
+               min_prob: float = 0.0) -> list[tuple[int, int, float, float]]:
     """REST's trie of retrieved continuations, best nodes first: (token, parent index, path prob, cond prob).
 
     A node's conditional probability is its count over its parent's; nodes are taken best-first by path
