@@ -106,3 +106,18 @@ def show_cloud(attack, loaded, pipeline: DefensePipeline, depth: int) -> None:
     if pipeline.needs_cloud_weights and hasattr(attack, "observe_cloud"):
         attack.observe_cloud(cloud_body_layer(loaded, pipeline, depth), depth)
 
+
+
+def resent_taps(taps: Taps, pipeline: DefensePipeline, repeats: int, session0: int = 0) -> list[Taps]:
+    """The same sequences released ``repeats`` times under ``pipeline``, each time in fresh sessions (new draws)."""
+    stride = max(1, len(taps))
+    return [defend_taps(taps, pipeline, session0 + i * stride) for i in range(repeats)]
+
+
+def applies(attack_cls, pipeline: DefensePipeline) -> bool:
+    """Whether an attack recipe is run against ``pipeline``: its ``applies_to`` (defense names it is designed to
+    break; ``none`` for the undefended victim) meets the pipeline's, and none of its ``refuses`` is there.
+    Recipes without ``applies_to`` run against every defense."""
+    names = {d.name for d in pipeline.items} or {"none"}
+    wanted = getattr(attack_cls, "applies_to", None)
+    return (wanted is None or bool(names & set(wanted))) and not names & set(getattr(attack_cls, "refuses", ()))

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from attacks.defended import as_public, attacker_view, defend_taps, show_cloud, victim_model
+from attacks.defended import applies, as_public, attacker_view, defend_taps, resent_taps, show_cloud, victim_model
 from attacks.evaluate import prior_from_taps, score
 from attacks.recipes.vocab_match import scoring_subset
 from attacks.registry import get_attack_class, make_attack
@@ -131,10 +131,12 @@ def _best(tried: list[dict]) -> dict:
 
 
 def _attack(loaded, name: str, opts: dict, pipe: DefensePipeline, train: Taps, test: Taps, rows: dict,
-            seed: int, pairs: dict[int, Taps] | None = None, common: int | None = None) -> list[dict]:
+            seed: int, pairs: dict[int, Taps] | None = None, common: int | None = None,
+            clean: Taps | None = None) -> list[dict]:
     """The attacker fitted on its own defended public-model pairs and scored on the victim's states (and on the
     ``common`` prefix tokens per corpus every attacker is scored on); with ``pairs`` ({k: k deployment pairs}) a
-    token classifier is also fine-tuned on each k (``paired``, DESIGN.md 4)."""
+    token classifier is also fine-tuned on each k (``paired``, DESIGN.md 4). An attacker of resent text
+    (``session-average``) sees ``repeats`` sessions of the victim's states before the defense (``clean``)."""
     own = attacker_view(pipe)
     hp = dict(opts)
     cls = get_attack_class(name)
@@ -142,17 +144,25 @@ def _attack(loaded, name: str, opts: dict, pipe: DefensePipeline, train: Taps, t
         hp["defense"] = format_items(pipe.items, public=True)
     prefixes = cls.scoring == "prefixes"  # costly per token: scored on sequence prefixes
     size = int(hp.pop("scored_tokens", 32))
-    target = scoring_subset(test, rows, size, 0) if prefixes else test
     atk = make_attack(name, model=loaded, seed=seed, **hp)
     t0 = time.perf_counter()
     atk.fit(defend_taps(train, own))
     show_cloud(atk, loaded, pipe, int(test.meta["depth"]))  # permute: the cloud's own transformed weights
     vocab, prior = int(loaded.config.vocab_size), prior_from_taps(train)
-    inv = atk.invert(target, k=5)
+
+    def invert(n_tokens: int | None) -> tuple[object, Taps]:
+        """(inversion, target) on the whole test set (None) or its prefixes of ``n_tokens`` per corpus."""
+        got = test if n_tokens is None else scoring_subset(test, rows, n_tokens, 0)
+        if hasattr(atk, "invert_sessions") and clean is not None:  # the same text resent in fresh sessions
+            raw = clean if n_tokens is None else scoring_subset(clean, rows, n_tokens, 0)
+            return atk.invert_sessions(resent_taps(raw, pipe, int(atk.hparams["repeats"])), k=5), got
+        return atk.invert(got, k=5), got
+
+    inv, target = invert(size if prefixes else None)
     m = score(inv, target, vocab_size=vocab, prior=prior)
     fitted = {k: v for k, v in inv.info.items() if k.startswith("adapter_") and isinstance(v, (bool, int, float))}
-    on = m if common is None or (prefixes and size == common) else \
-        score(atk.invert(both := scoring_subset(test, rows, common, 0), k=5), both, vocab_size=vocab, prior=prior)
+    on = m if common is None or (prefixes and size == common) else score(*invert(common), vocab_size=vocab,
+                                                                         prior=prior)
     out = [{"attack": name, "threat_model": _threat(name, pipe), "metrics": m, "seconds": time.perf_counter() - t0,
             "test_tokens": target.n_tokens, "common_top1": on["token_acc_top1"], **fitted}]  # vocab-match-fitted
     if pairs and hasattr(atk, "fine_tune"):
@@ -278,10 +288,11 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
             test, _ = split_taps(victim_model(loaded, pipe, a), cfg, [a], "test",
                             int(cfg.get("test_tokens", 800)) // n_corp)
             test = as_public(test[a], loaded)
-        test = defend_taps(test, pipe)
+        clean, test = test, defend_taps(test, pipe)
         pairs = _deployment_pairs(loaded, cfg, pipe, a, ks) if pipe.model_items and ks else None
-        tried = [x for n in attackers for x in _attack(loaded, n, options.get(n, {}), pipe, train[a], test, rows[a],
-                                                       seed, pairs, _common_tokens(attackers, options))]
+        names = [n for n in attackers if applies(get_attack_class(n), pipe)]  # each where it is designed to apply
+        tried = [x for n in names for x in _attack(loaded, n, options.get(n, {}), pipe, train[a], test, rows[a],
+                                                   seed, pairs, _common_tokens(names, options), clean)]
         best = _best(tried)
         row = {"job": j, "depth": a, "defense": public_label(pipe),
                "family": pipe.items[0].name if pipe.items else "none",

@@ -265,3 +265,17 @@ def test_a_model_without_a_chat_template_gets_its_cost_measured_on_plain_prompts
     tiny.tokenizer.chat_template = None
     row = _cost(tiny, 1, 1, DefensePipeline.parse("none"), {"tokens": 4}, {})
     assert row["greedy_identity"] == 1.0 and row["bytes_per_step"] > 0
+
+
+def test_attackers_run_only_where_they_apply(cfg: dict) -> None:
+    """The noise attacks (whitened, session-average) run on noise rows only; session-average sees resent sessions."""
+    small = {**cfg, "defenses": ["none", "noise(sigma=0.5)"], "overhead": [], "utility_sequences": 1,
+             "attackers": ["vocab-match-adaptive", "vocab-match-whitened", "session-average"],
+             "options": {n: {"scored_tokens": 8, "random_tokens": 128, "max_candidates": 32, "beam": 1}
+                         for n in ("vocab-match-adaptive", "vocab-match-whitened", "session-average")}}
+    out = stage_defenses(load_model("tiny-random"), small, {"config": {"seed": 0}, "results": {}})
+    ran = {r["defense"].split("(")[0]: [x["attack"] for x in r["attackers"]] for r in out["rows"]}
+    assert ran == {"none": ["vocab-match-adaptive"],
+                   "noise": ["vocab-match-adaptive", "vocab-match-whitened", "session-average"]}
+    noise = next(r for r in out["rows"] if r["defense"].startswith("noise"))
+    assert all(x["threat_model"] == "white-box (exact), adaptive" for x in noise["attackers"])

@@ -44,7 +44,7 @@ def test_dequantise_then_match_recovers_int4(tiny, taps):
 
 def test_noise_likelihood_rule_beats_plain_matching(tiny, taps):
     spec = "noise(sigma=0.1,clip=3.0)"  # states have norms ~19 here: clipping rescales them all
-    adaptive = _top1(tiny, spec, taps, max_candidates=256, batch_sizes=[256])
+    adaptive = _top1(tiny, spec, taps, max_candidates=256, batch_sizes=[256], beam=1)
     plain = _top1(tiny, spec, taps, name="vocab-match", max_candidates=256, batch_sizes=[256], grad_steps=0)
     assert adaptive > 0.9 and plain < 0.5  # measured: 0.99 vs 0.02
 
@@ -89,3 +89,49 @@ def test_clipping_alone_is_matched_exactly_whatever_the_candidate_cap(tiny, taps
     """sigma = 0: the clip is deterministic and public, so the true token matches exactly and the cap (a bound on
     full scans where nothing can be accepted early) must not make the attacker miss; with 2 candidates it did."""
     assert _top1(tiny, "noise(sigma=0.0,clip=3.0)", taps, max_candidates=2, batch_sizes=[2], grad_steps=0) == 1.0
+
+
+def _victim_top1(tiny, spec, taps, **hp):
+    """Top-1 of vocab-match-adaptive on two sequences of a victim under ``spec`` (model defenses: its own head)."""
+    pipe = DefensePipeline.parse(spec)
+    test = _victim_taps(tiny, pipe, taps) if pipe.model_items else taps
+    test = defend_taps(test.select_sequences(range(2)), pipe)
+    atk = make_attack("vocab-match-adaptive", model=tiny, defense=pipe.shareable_label, proposer_tokens=2000,
+                      random_tokens=512, **hp).fit(defend_taps(taps, attacker_view(pipe)))
+    inv = atk.invert(test, k=5)
+    return float((inv.tokens == test.token_ids).mean()), inv
+
+
+def _victim_taps(tiny, pipe, taps):
+    """The victim's own head states of the taps' token sequences (its private local layers)."""
+    import numpy as np
+
+    from attacks.defended import victim_model
+    from attacks.tapdata import Taps
+    from attacks.taps import TruncatedForward
+
+    stack = TruncatedForward(victim_model(tiny, pipe, 2).model, 2).eval()
+    hidden = np.concatenate([stack(torch.as_tensor(taps.token_ids[rows], dtype=torch.long)[None])[0].numpy()
+                             for _, rows in taps.sequences()]).astype(np.float16)
+    return Taps(hidden, taps.token_ids, taps.seq_lengths, taps.seq_doc, taps.documents, taps.offsets, taps.meta)
+
+
+@pytest.mark.parametrize("spec,floor", [("lora-random(rank=8,scale=0.1)", 0.95), ("noise(sigma=0.1,clip=3.0)", 0.9)])
+def test_the_search_never_switches_itself_off(tiny, taps, spec, floor):
+    """Issue 28 finding 4: nothing matches exactly at position 0 under private layers or noise; the old search then
+    tried only the proposer's first ``batch_sizes`` guesses at every later position (measured here on two sequences:
+    lora 0.1 64.6% of 192 tokens with one first guess, against 100% now). Every position now scores the whole
+    candidate set under every beam."""
+    top1, inv = _victim_top1(tiny, spec, taps, batch_sizes=[1], max_candidates=256, grad_steps=20, beam=2)
+    assert inv.info["search"] == "beam" and inv.info["rows_per_token"] >= 256
+    assert top1 >= floor
+
+
+def test_whole_vocabulary_where_affordable_and_the_cap_is_stated(tiny):
+    atk = make_attack("vocab-match-adaptive", model=tiny, defense="noise(sigma=0.1,clip=3.0)")
+    assert atk.candidate_cap(259) == 259  # the tiny vocabulary: every token scored
+    assert atk.candidate_cap(49152) == 1024  # the default model's: the proposer's first 1024 (docs/defenses.md)
+    assert make_attack("vocab-match-adaptive", defense="noise(sigma=0.1,clip=3.0)",
+                       max_candidates=300).candidate_cap(49152) == 300
+    with pytest.raises(AttackError, match="beam=0"):
+        make_attack("vocab-match-adaptive", defense="noise(sigma=0.1,clip=3.0)", beam=0)
