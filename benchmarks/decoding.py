@@ -66,7 +66,8 @@ TOPK = 8  # top tokens per replayed row (token-recycling's k at most)
 # same with a flat per-step compute (GPU-like). Fixed, so that tau does not move with this run's timing noise.
 CPU80 = {"step_ms": 214.4, "token_ms": 4.59}
 FLAT80 = {"step_ms": 218.6, "token_ms": 0.385}
-REPLAYABLE = ("ngram-pool", "prompt-lookup", "suffix", "token-recycling")  # replayed in full, real on a subset
+# replayed in full, real on a subset
+REPLAYABLE = ("ngram-pool", "prompt-lookup", "suffix", "token-recycling", "rest", "suffix-automaton")
 DEFAULT_PROPOSERS = ("sequential", *REPLAYABLE, "combined")
 MODEL_DRAFTERS = ("local-draft", "feature-draft")
 HUMANEVAL = "humaneval"  # the external code set's category (reported, never tuned on)
@@ -108,7 +109,7 @@ def noise_floor(model, prompt_ids: list[int], output: list[int], ref_logits: lis
     return (got - torch.stack(ref_logits[: len(output)]).cpu()).abs().max().item()
 
 
-def _steps(records: list[dict], decode_only: bool = True) -> list[StepTiming]:
+def measured_steps(records: list[dict], decode_only: bool = True) -> list[StepTiming]:
     """Steps for the step-time fit (runs of model-drafting proposers left out)."""
     out = []
     for r in records:
@@ -129,12 +130,16 @@ class DecodingBench:
 
     def __init__(self, sm: SplitModel, prompts: dict[str, list[str]], max_new_tokens: int, tolerance: float):
         self.sm, self.max_new, self.tol = sm, max_new_tokens, tolerance
-        self.items = [(cat, p) for cat, ps in prompts.items() for p in ps]
-        self.ids = [sm.encode_prompt(p, chat=True) for _, p in self.items]
+        from benchmarks.prompt_sets import encode
+
+        self.items = [(cat, p) for cat, ps in prompts.items() for p in ps]  # p: text, or chat messages (held-out)
+        self.ids = [sm.encode_prompt(p, chat=True) if isinstance(p, str) else encode(sm.loaded.tokenizer, p)
+                    for _, p in self.items]
         self.refs: list = []
         self.runs: dict[str, list[dict]] = {}  # label -> per-prompt records
         self.env = DecodingEnv(vocab_size=int(sm.loaded.model.config.vocab_size),
-                               eos_ids=frozenset(eos_ids(sm.loaded)), max_new_tokens=max_new_tokens)
+                               eos_ids=frozenset(eos_ids(sm.loaded)), max_new_tokens=max_new_tokens,
+                               tokenizer=sm.loaded.tokenizer)
 
     def subset(self, per_category: int) -> list[int]:
         """The first ``per_category`` prompts of every category (item indices, in order)."""
@@ -145,7 +150,7 @@ class DecodingBench:
                 out.append(i)
         return out
 
-    def _instances(self, name: str, options: dict | None, indices: list[int]):
+    def instances(self, name: str, options: dict | None, indices: list[int]):
         """(index, proposer) in order: one proposer instance per prompt set (the project's, HumanEval)."""
         proposer, current = None, None
         for i in indices:
@@ -167,7 +172,7 @@ class DecodingBench:
         """Real runs of one proposer (one instance per prompt set, prompts in order)."""
         records = []
         indices = subset if subset is not None else range(len(self.items))
-        for i, proposer in tqdm(list(self._instances(name, options, list(indices))), desc=label, leave=False):
+        for i, proposer in tqdm(list(self.instances(name, options, list(indices))), desc=label, leave=False):
             res = self.sm.generate(self.ids[i], self.max_new, record_logits=True, decoding=proposer)
             records.append(_run_record(res, self.refs[i], self.items[i][0], proposer.needs_model))
             if not records[-1]["token_identical"] or records[-1]["max_logit_diff"] > self.tol:
@@ -179,7 +184,7 @@ class DecodingBench:
                  subset: list[int] | None = None) -> list[dict]:
         """Exact replay of one proposer against the sequential outputs (no model); kept under ``label`` if given."""
         records = []
-        for i, proposer in self._instances(name, options, list(subset if subset is not None else
+        for i, proposer in self.instances(name, options, list(subset if subset is not None else
                                                                 range(len(self.items)))):
             steps = replay(proposer, self.ids[i], self.refs[i].token_ids, self.max_new, self.env, cost, self.topk[i])
             records.append({"category": self.items[i][0], "tokens": len(self.refs[i].token_ids),
@@ -210,7 +215,7 @@ def _head_sha(sm: SplitModel, draft_head: str | None, wanted: list[str]) -> str 
 def run_decoding_bench(
     sm: SplitModel,
     max_new_tokens: int = 200,
-    prompts_per_category: int = 5,
+    prompts_per_category: int | None = None,
     ablation: bool = True,
     ablation_prompts: int = 0,
     proposers: list[str] | None = None,
@@ -265,7 +270,7 @@ def run_decoding_bench(
             if "combined" in wanted:
                 sources = f"{','.join(DEFAULT_SOURCES)},{drafter}"
                 bench.measure(f"combined+{drafter}", "combined", {**CPU80, **opts, "sources": sources})
-    all_steps = _steps([r for recs in bench.runs.values() for r in recs])
+    all_steps = measured_steps([r for recs in bench.runs.values() for r in recs])
     model = fit(all_steps, 0.0, None, skip_prefill=False)
     results = {
         "config": {"model": sm.loaded.spec, "model_sha256": sm.loaded.sha256, "split": str(sm.split),
@@ -276,7 +281,8 @@ def run_decoding_bench(
                    "tolerance": tolerance, "combined_options": CPU80, "draft_calibration": draft_calibration,
                    "draft_head": draft_head, "draft_head_sha256": _head_sha(sm, draft_head, wanted),
                    "feature_draft_options": feature_draft_options or {},
-                   "combined_gpu_flat_options": FLAT80},
+                   "combined_gpu_flat_options": FLAT80, "categories": list(prompts),
+                   "combined_sources": list(DEFAULT_SOURCES)},
         "step_model": model.to_dict(),
         "cross_validation": cross_validate(all_steps, 0.0, None, skip_prefill=False),
         "replay_checks": checks,

@@ -11,7 +11,8 @@ step for step for every proposer it also runs for real):
   at k in {2, 4, 8} (the paper's adjacency-table width), plus its tree shape
   (the paper's static tree at depth 6 and 10 against our dynamic tree);
 - the per-source ablation of the default ``combined`` (each training-free
-  source left out in turn, and each source alone inside combined's merging);
+  source left out in turn, each training-free source outside the defaults added, and each alone inside
+  combined's merging);
 - ``combined gpu-flat@80ms``: sized for ``FLAT80`` of :mod:`benchmarks.decoding` (lookahead branch off);
 - ``combined`` sized for other step costs (this run's fitted CPU model and
   its flat, GPU-like variant, at 20 and 80 ms; lookahead branch off).
@@ -24,9 +25,10 @@ the proposers).
 
 from __future__ import annotations
 
-from splitinfer.decoding.combined import DEFAULT_SOURCES
+from splitinfer.decoding.combined import DEFAULT_SOURCES, SOURCES
 from splitinfer.timing import StepTimeModel
 
+TRAINING_FREE = tuple(s for s in SOURCES if s not in ("local-draft", "feature-draft"))
 BANDWIDTH_MBPS = 100.0  # the modelled link of the sizing rows
 
 RTTS = (20.0, 80.0)
@@ -49,15 +51,28 @@ def source_ablation(costs: dict) -> dict[str, dict]:
     for src in DEFAULT_SOURCES:
         rest = ",".join(s for s in DEFAULT_SOURCES if s != src)
         out[f"combined -{src}"] = {**costs, "sources": rest}
-    for src in DEFAULT_SOURCES:
+    for src in [s for s in TRAINING_FREE if s not in DEFAULT_SOURCES]:
+        out[f"combined +{src}"] = {**costs, "sources": ",".join((*DEFAULT_SOURCES, src))}
+    for src in TRAINING_FREE:
         out[f"combined only {src}"] = {**costs, "sources": src}
     return out
 
 
 def run_ablation(bench, model: StepTimeModel, ablation_prompts: int, lookahead: bool, cpu80: dict,
-                 flat80: dict) -> None:
+                 flat80: dict, full: bool = True) -> None:
     """Add the ablation rows (see the module docstring) to ``bench.runs`` (a :class:`benchmarks.decoding.DecodingBench`;
-    ``cpu80`` / ``flat80``: the default combined's fixed step costs and their flat variant)."""
+    ``cpu80`` / ``flat80``: the default combined's fixed step costs and their flat variant; ``full`` False: only
+    the per-source ablation and the flat-cost row, the held-out run's budget)."""
+    for label, opts in source_ablation(cpu80).items():
+        bench.replayed(label, "combined", opts)
+    bench.replayed("combined gpu-flat@80ms", "combined", {**flat80, "lookahead": "off"})
+    if not full:
+        return
+    for rtt in RTTS:
+        for flat in (False, True):
+            step_ms, token_ms = cost_coefficients(model.project(rtt, BANDWIDTH_MBPS), flat)
+            label = f"combined-no-lookahead sized {'gpu-flat' if flat else 'cpu'}@{rtt:g}ms"
+            bench.replayed(label, "combined", {"step_ms": step_ms, "token_ms": token_ms, "lookahead": "off"})
     for n in NGRAMS:
         bench.replayed(f"ngram-pool n={n}", "ngram-pool", {"ngram": n})
     for t in BUDGETS:
@@ -69,14 +84,6 @@ def run_ablation(bench, model: StepTimeModel, ablation_prompts: int, lookahead: 
                                                              "lookahead": "off"})
     for label, opts in TR_SHAPES.items():
         bench.replayed(f"token-recycling {label}", "token-recycling", opts)
-    for label, opts in source_ablation(cpu80).items():
-        bench.replayed(label, "combined", opts)
-    bench.replayed("combined gpu-flat@80ms", "combined", {**flat80, "lookahead": "off"})
-    for rtt in RTTS:
-        for flat in (False, True):
-            step_ms, token_ms = cost_coefficients(model.project(rtt, BANDWIDTH_MBPS), flat)
-            label = f"combined-no-lookahead sized {'gpu-flat' if flat else 'cpu'}@{rtt:g}ms"
-            bench.replayed(label, "combined", {"step_ms": step_ms, "token_ms": token_ms, "lookahead": "off"})
     subset = bench.subset(ablation_prompts)
     for n in NGRAMS if lookahead and ablation_prompts else ():
         bench.measure(f"lookahead N={n}", "lookahead", {"ngram": n}, subset=subset)

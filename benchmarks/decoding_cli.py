@@ -23,15 +23,23 @@ def cmd_decoding(args) -> int:
         from splitinfer.client import SplitModel
 
         sm = SplitModel(ModelFlags.from_args(args).load(), args.split, wire_dtype="fp32")
-        results = run_decoding_bench(
-            sm, max_new_tokens=args.max_new_tokens, prompts_per_category=args.prompts_per_category,
-            ablation=not args.no_ablation, ablation_prompts=args.ablation_prompts,
-            proposers=args.proposers.split(",") if args.proposers else None, tolerance=args.tolerance,
-            draft_calibration=args.draft_calibration, draft_head=args.draft_head,
-            feature_draft_options=feature_draft_options(args.decoding_option), humaneval=args.humaneval,
-            subset_prompts=args.subset_prompts, refs_out=args.refs_out,
-        )
-        save(results, out)
+        if args.prompt_split:
+            from benchmarks.decoding_heldout import run_heldout_bench
+
+            results = run_heldout_bench(sm, args.prompt_split, args.max_new_tokens, args.prompts_per_category,
+                                        rtt_prompts=args.rtt_prompts, ablation=not args.no_ablation,
+                                        tolerance=args.tolerance)
+            save(results, out)
+        else:
+            results = run_decoding_bench(
+                sm, max_new_tokens=args.max_new_tokens, prompts_per_category=args.prompts_per_category,
+                ablation=not args.no_ablation, ablation_prompts=args.ablation_prompts,
+                proposers=args.proposers.split(",") if args.proposers else None, tolerance=args.tolerance,
+                draft_calibration=args.draft_calibration, draft_head=args.draft_head,
+                feature_draft_options=feature_draft_options(args.decoding_option), humaneval=args.humaneval,
+                subset_prompts=args.subset_prompts, refs_out=args.refs_out,
+            )
+            save(results, out)
     table = summarize(results)
     results["targets"] = targets(table, results)
     report = format_report(results)
@@ -64,7 +72,8 @@ def register(bsub) -> None:
     d = bsub.add_parser("decoding", help="speculative decoding: exactness, tau per category, ablation, modelled tok/s")
     add_model_args(d)
     d.add_argument("--max-new-tokens", type=int, default=200)
-    d.add_argument("--prompts-per-category", type=int, default=5, help="up to 5 (default %(default)s)")
+    d.add_argument("--prompts-per-category", type=int, default=None,
+                   help="cap on prompts per category (default: all: 5 project prompts, 10 held-out test, 4 dev)")
     d.add_argument("--proposers", default=None,
                    help="comma list (default: sequential, the training-free proposers and combined; also "
                         "jacobi, lookahead, local-draft, feature-draft)")
@@ -75,6 +84,13 @@ def register(bsub) -> None:
                    help="prompts per category on which ngram-pool, prompt-lookup, suffix and token-recycling run "
                         "for real (their tau on all prompts is replayed and checked against these runs); "
                         "a number >= the prompts per category runs them in full (default %(default)s)")
+    d.add_argument("--prompt-split", choices=("dev", "test"), default=None,
+                   help="run the held-out Spec-Bench-style prompt sets (benchmarks/prompt_sets.py) instead of the "
+                        "project's 20 prompts: dev to tune on, test to report (with --max-new-tokens 256, rows at "
+                        "128 tokens are replayed from the same outputs; --prompts-per-category caps each category)")
+    d.add_argument("--rtt-prompts", type=int, default=1,
+                   help="held-out runs: prompts per category run for real over an emulated 80 ms link, sequential "
+                        "and combined, for the measured speed-up (default %(default)s; 0: none)")
     d.add_argument("--refs-out", default=None, metavar="PATH",
                    help="also save the sequential outputs and top-k rows for replay tuning "
                         "(python -m benchmarks.decoding_tune --refs PATH)")

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.prompts import CATEGORIES
 from splitinfer.timing import StepTimeModel, StepTiming
 
+EXTERNAL = ("humaneval",)  # reported beside the categories, outside their mean
 RTTS = (20.0, 80.0)
 BANDWIDTH = 100.0
 
@@ -48,12 +48,12 @@ def modelled(model: StepTimeModel, records, rtt: float, flat: bool = False) -> f
 
 def project_mean(per_category: dict[str, float]) -> float:
     """Mean over the project's categories present (HumanEval and other external sets left out)."""
-    vals = [v for c, v in per_category.items() if c in CATEGORIES]
+    vals = [v for c, v in per_category.items() if c not in EXTERNAL and c != "mean"]
     return sum(vals) / len(vals) if vals else float("nan")
 
 
 def by_category(records) -> dict[str, list[dict]]:
-    out: dict[str, list[dict]] = {c: [] for c in CATEGORIES}
+    out: dict[str, list[dict]] = {}
     for r in records:
         out.setdefault(r["category"], []).append(r)
     return {c: rs for c, rs in out.items() if rs}
@@ -167,11 +167,15 @@ def hardware(results: dict) -> str:
 
 def format_report(results: dict) -> str:
     table = summarize(results)
-    cats = [c for c in CATEGORIES if any(c in r["tau"] for r in table.values())]
-    ext = [c for c in external(table) if c not in cats]
+    cats = categories(table)
+    ext = external(table)
     seq = table.get("sequential")
     kernels = results.get("config", {}).get("kernels", "default")
-    parts = [f"== Exactness (real runs vs sequential, fp32 wire, {kernels} kernels) =="]
+    split = results.get("config", {}).get("prompt_split")
+    parts = [f"prompts: the held-out {split.upper()} split (benchmarks/prompt_sets.py); every figure below is from "
+             f"it{', and nothing was tuned on it' if split == 'test' else ''}; rows '@128' replay the first 128 "
+             f"tokens of the same outputs\n"] if split else []
+    parts.append(f"== Exactness (real runs vs sequential, fp32 wire, {kernels} kernels) ==")
     parts.append(_fmt_table(["decoding", "identical", "max |dlogit|"], [
         [k, f"{r['identical']}/{r['n']}", f"{r['max_logit_diff']:.2e}"] for k, r in table.items() if not r["replayed"]]))
     if "noise_floor" in results:
@@ -229,6 +233,8 @@ def format_report(results: dict) -> str:
             [k + (" R" if table[k]["replayed"] else ""), table[k]["tau"].get("code", float("nan")),
              table[k]["tau"]["mean"], *[table[k]["tau"].get(c, float("nan")) for c in ext],
              f"{table[k]['tau']['mean'] - full:+.2f}"] for k in sources]))
+    parts += speedup_lines(table, results)
+    parts += measured_rtt_lines(results)
     parts.append("\n== targets ==")
     for k, t in targets(table, results).items():
         parts.append(f"{k}: {t['value']:.3g} (target {t['target']}) -> {'MET' if t['met'] else 'NOT MET'}"
@@ -236,12 +242,49 @@ def format_report(results: dict) -> str:
     return "\n".join(parts)
 
 
+def categories(table: dict) -> list[str]:
+    """The categories inside the mean, in the order first seen."""
+    out: list[str] = []
+    for r in table.values():
+        out += [c for c in r["tau"] if c not in EXTERNAL and c != "mean" and c not in out]
+    return out
+
+
 def external(table: dict) -> list[str]:
     """Categories outside the project's (HumanEval), in the order first seen."""
     out: list[str] = []
     for r in table.values():
-        out += [c for c in r["tau"] if c not in CATEGORIES and c != "mean" and c not in out]
+        out += [c for c in r["tau"] if c in EXTERNAL and c not in out]
     return out
+
+
+def speedup_lines(table: dict, results: dict, rtt: float = 80.0) -> list[str]:
+    """Spec-Bench's view (held-out runs): modelled speed-up over sequential at ``rtt`` per category, per row."""
+    if not results.get("config", {}).get("prompt_split") or "sequential" not in table:
+        return []
+    cats, seq = categories(table), table["sequential"]
+    rows_of = [k for k in table if " " not in k or k.startswith("prompt-lookup transformers-rule")]
+    out = []
+    for kind, title in (("cpu", f"this {hardware(results)}'s fitted costs"), ("flat", "flat per-step compute")):
+        key = f"{kind}@{rtt:g}"
+        out.append(f"\n== modelled speed-up over sequential at {rtt:g} ms, {title}, per category ==")
+        out.append(_fmt_table(["decoding", *cats, "mean"], [
+            [k + (" R" if table[k]["replayed"] else ""), *[table[k][key][c] / seq[key][c] for c in cats],
+             project_mean(table[k][key]) / project_mean(seq[key])] for k in rows_of]))
+    return out
+
+
+def measured_rtt_lines(results: dict) -> list[str]:
+    """The measured speed-up over sequential over the emulated link (held-out runs)."""
+    m = results.get("measured_rtt")
+    if not m:
+        return []
+    rows = [[k, m[k]["tokens"], m[k]["steps"], m[k]["tau"], m[k]["wall_s"], m[k]["tok_s"],
+             f"{m[k]['identical']}/{m[k]['n']}"] for k in ("sequential", "combined")]
+    return [f"\n== measured at {m['rtt_ms']:g} ms RTT (emulated link, this CPU), {m['prompts']} prompts, "
+            f"{m['max_new_tokens']} new tokens each ==",
+            _fmt_table(["decoding", "tokens", "steps", "tau", "wall s", "tok/s", "identical"], rows),
+            f"measured speed-up of combined over sequential at {m['rtt_ms']:g} ms: x{m['speedup']:.2f}"]
 
 
 def shortfall(t: dict) -> str:
@@ -261,7 +304,7 @@ def plot(results: dict, out: Path) -> list[Path]:
     hw = hardware(results)
     table = summarize(results)
     main = [k for k in table if " " not in k or k == "combined gpu-flat@80ms"]
-    cats = [c for c in (*CATEGORIES, *external(table)) if c in table[main[0]]["tau"]]
+    cats = [c for c in (*categories(table), *external(table)) if c in table[main[0]]["tau"]]
     paths = []
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     width = 0.8 / len(main)

@@ -79,17 +79,24 @@ def batched_greedy(model, prompts: list[list[int]], max_new_tokens: int, eos: se
     return cut
 
 
-def build_refs(sm, humaneval: int, max_new_tokens: int, peers: bool = False) -> dict:
-    """Greedy outputs and top-k rows for every prompt, and optionally transformers' prompt lookup on each."""
+def build_refs(sm, humaneval: int, max_new_tokens: int, peers: bool = False, prompt_split: str | None = None) -> dict:
+    """Greedy outputs and top-k rows for every prompt, and optionally transformers' prompt lookup on each
+    (``prompt_split``: the held-out dev or test set of :mod:`benchmarks.prompt_sets` instead of the project's)."""
+    from benchmarks.prompt_sets import encode
+    from benchmarks.prompt_sets import prompt_set
     from splitinfer.client import eos_ids
 
     model, eos = sm.loaded.model, eos_ids(sm.loaded)
-    sets = {"project": [(cat, p) for cat, ps in PROMPTS.items() for p in ps]}
-    if humaneval:
+    if prompt_split:
+        sets = {prompt_split: [(cat, p) for cat, ps in prompt_set(prompt_split).items() for p in ps]}
+    else:
+        sets = {"project": [(cat, p) for cat, ps in PROMPTS.items() for p in ps]}
+    if humaneval and not prompt_split:
         sets["humaneval"] = [("humaneval", p) for p in humaneval_prompts(humaneval)]
     refs = []
     for name, items in sets.items():
-        ids = [sm.encode_prompt(text, chat=True) for _, text in items]
+        ids = [sm.encode_prompt(p, chat=True) if isinstance(p, str) else encode(sm.loaded.tokenizer, p)
+               for _, p in items]
         t0 = time.perf_counter()
         outs = batched_greedy(model, ids, max_new_tokens, eos, sorted(eos)[0])
         print(f"{name}: {len(ids)} greedy generations in {time.perf_counter() - t0:.0f} s", flush=True)
@@ -102,10 +109,12 @@ def build_refs(sm, humaneval: int, max_new_tokens: int, peers: bool = False) -> 
             "model_sha256": sm.loaded.sha256, "refs": refs}
 
 
-def replay_config(data: dict, name: str, options: dict, categories: set[str]) -> dict[str, list[tuple[int, int]]]:
-    """(tokens, round trips) per prompt, by category, of one proposer instance replayed over the prompts (in order)."""
+def replay_config(data: dict, name: str, options: dict, categories: set[str],
+                  tokenizer=None) -> dict[str, list[tuple[int, int]]]:
+    """(tokens, round trips) per prompt, by category, of one proposer instance replayed over the prompts (in order;
+    ``tokenizer``: the model's, for the datastore of ``rest`` and ``suffix-automaton``)."""
     env = DecodingEnv(vocab_size=data["vocab_size"], eos_ids=frozenset(data["eos"]),
-                      max_new_tokens=data["max_new_tokens"])
+                      max_new_tokens=data["max_new_tokens"], tokenizer=tokenizer)
     proposer = make_proposer(name, **options)
     out: dict[str, list[float]] = {}
     for r in data["refs"]:
@@ -119,7 +128,7 @@ def table_row(per_cat: dict[str, list[tuple[int, int]]], cats: list[str]) -> dic
     """tau per category pooled as ``bench decoding`` pools it (tokens / round trips over its prompts; a mean of
     per-prompt tau would weight a short, well-drafted answer like a long one), and the mean of the categories."""
     row = {c: sum(t for t, _ in per_cat[c]) / sum(n for _, n in per_cat[c]) for c in cats if c in per_cat}
-    main = [row[c] for c in PROMPTS if c in row]
+    main = [v for c, v in row.items() if c != "humaneval"]
     row["mean"] = statistics.mean(main) if main else float("nan")
     return row
 
@@ -178,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", action="append", default=[], help="LABEL=NAME:K=V,K=V (list values with ;)")
     ap.add_argument("--json", default=None, help="write the table here")
     ap.add_argument("--peers", action="store_true", help="also run transformers' prompt lookup on every prompt (slow)")
+    ap.add_argument("--prompt-split", choices=("dev", "test"), default=None,
+                    help="build the references from a held-out split (tune on dev only)")
     args = ap.parse_args(argv)
     torch.set_num_threads(2)
     path = Path(args.refs)
@@ -186,16 +197,19 @@ def main(argv: list[str] | None = None) -> int:
         from splitinfer.models import load_model
 
         sm = SplitModel(load_model("default"), "2,2", wire_dtype="fp32")
-        torch.save(build_refs(sm, args.humaneval, args.max_new_tokens, args.peers), path)
+        torch.save(build_refs(sm, args.humaneval, args.max_new_tokens, args.peers, args.prompt_split), path)
     data = torch.load(path, weights_only=False)
-    cats = [*PROMPTS, *(["humaneval"] if any(r["category"] == "humaneval" for r in data["refs"]) else [])]
+    cats = list(dict.fromkeys(r["category"] for r in data["refs"]))  # project prompts or a held-out split
+    from splitinfer.models import load_model
+
+    tokenizer = load_model("default").tokenizer
     configs = dict(_parse_config(c) for c in args.config) or SWEEP
     have_peers = all("prompt_lookup" in r for r in data["refs"])
     rows = {f"transformers prompt lookup (k={PROMPT_LOOKUP_TOKENS})": peer_row(data, cats)} if have_peers else {}
     for label, (name, options) in configs.items():
-        use = set(cats) if (args.config or label in REPORT_ONLY) else set(PROMPTS)
+        use = set(cats) if (args.config or label in REPORT_ONLY) else set(cats) - {"humaneval"}
         t0 = time.perf_counter()
-        rows[label] = table_row(replay_config(data, name, options, use), cats)
+        rows[label] = table_row(replay_config(data, name, options, use, tokenizer), cats)
         print(f"{label}: {rows[label]} ({time.perf_counter() - t0:.0f} s)", flush=True)
     print(format_table(rows, cats))
     for line in targets(rows):

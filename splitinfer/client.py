@@ -279,6 +279,7 @@ class SplitModel:
         env = DecodingEnv(
             vocab_size=int(self.loaded.model.config.vocab_size), eos_ids=frozenset(eos),
             max_new_tokens=max_new_tokens, rtt_ms=wan.rtt_ms, bandwidth_mbps=wan.bandwidth_mbps,
+            tokenizer=self.loaded.tokenizer,
         )
         self.remote.open()
         try:

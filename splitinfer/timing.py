@@ -241,11 +241,16 @@ class OnlineStepCost:
     steps the verifier reports; the network part uses a *target* RTT and
     bandwidth (the deployment's, which may differ from the link in use).
     Until steps of two different sizes have been seen, the slope comes from
-    the prefill step (``T`` = prompt length) or ``prior_token_ms``.
+    the prefill step (``T`` = prompt length) or ``prior_token_ms``. ``rtt_ms``
+    None: the RTT is the median network time of the recent steps (a real
+    remote link, whose RTT nobody named).
     """
 
-    def __init__(self, rtt_ms: float, bandwidth_mbps: float | None, window: int = 64, prior_token_ms: float = 1.0):
-        self.rtt_ms, self.bandwidth_mbps, self.window = float(rtt_ms), bandwidth_mbps, window
+    def __init__(self, rtt_ms: float | None, bandwidth_mbps: float | None, window: int = 64,
+                 prior_token_ms: float = 1.0):
+        self.rtt_ms = None if rtt_ms is None else float(rtt_ms)
+        self.bandwidth_mbps, self.window = bandwidth_mbps, window
+        self.net: list[float] = []  # network time of recent steps, transfer at the target bandwidth taken out
         self.prior_token_ms = prior_token_ms
         self.samples: list[tuple[int, float, float]] = []  # (T, compute ms, bytes)
         self.prefill: tuple[int, float] | None = None
@@ -256,12 +261,20 @@ class OnlineStepCost:
             self.prefill = (timing.tokens_sent, compute)
             return
         self.samples.append((timing.tokens_sent, compute, float(timing.bytes_up + timing.bytes_down)))
-        del self.samples[: -self.window]
+        self.net.append(max(0.0, timing.network_ms - transfer_ms(timing.bytes_up + timing.bytes_down,
+                                                                 self.bandwidth_mbps)))
+        del self.samples[: -self.window], self.net[: -self.window]
+
+    def target_rtt_ms(self) -> float:
+        """The RTT the draft is sized for: the named one, else the median measured network time."""
+        if self.rtt_ms is not None:
+            return self.rtt_ms
+        return float(sorted(self.net)[len(self.net) // 2]) if self.net else 0.0
 
     def coefficients(self) -> tuple[float, float]:
         """(fixed_ms, per_token_ms) at the target network."""
         if not self.samples:
-            return self.rtt_ms + 50.0, self.prior_token_ms
+            return self.target_rtt_ms() + 50.0, self.prior_token_ms
         t = [s[0] for s in self.samples]
         prior = self.prior_token_ms
         if self.prefill is not None:
@@ -270,7 +283,7 @@ class OnlineStepCost:
         a, b = linfit(t, [s[1] for s in self.samples], slope_prior=prior)
         b = max(0.0, b)
         ba, bb = linfit(t, [s[2] for s in self.samples], slope_prior=sum(s[2] for s in self.samples) / sum(t))
-        fixed = self.rtt_ms + max(0.0, a) + transfer_ms(max(0.0, ba), self.bandwidth_mbps)
+        fixed = self.target_rtt_ms() + max(0.0, a) + transfer_ms(max(0.0, ba), self.bandwidth_mbps)
         return fixed, b + transfer_ms(max(0.0, bb), self.bandwidth_mbps)
 
 
@@ -293,8 +306,9 @@ class StepCostModel:
         self.online = OnlineStepCost(rtt_ms or 0.0, bandwidth_mbps)
 
     def begin(self, link_rtt_ms: float, link_bandwidth_mbps: float | None) -> None:
-        """A new request: forget the online fit; the target network defaults to the run's link."""
-        rtt = link_rtt_ms if self.rtt_ms is None else self.rtt_ms
+        """A new request: forget the online fit. The target RTT is the one named (``rtt_ms``), else the
+        emulated link's, else (a link with no RTT named: in-process, or a real remote server) the measured one."""
+        rtt = self.rtt_ms if self.rtt_ms is not None else (link_rtt_ms or None)
         bw = link_bandwidth_mbps if self.bandwidth_mbps is None else self.bandwidth_mbps
         self.online = OnlineStepCost(rtt, bw)
 

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 # Modules imported by make_proposer / list_proposers so that their decorators run.
 PROPOSER_MODULES = (
     "sequential", "jacobi", "ngram_pool", "lookahead", "prompt_lookup", "suffix", "local_draft", "feature_draft",
-    "token_recycling", "combined",
+    "token_recycling", "rest", "suffix_automaton", "combined",
 )
 
 
@@ -140,6 +140,7 @@ class DecodingEnv:
     rtt_ms: float = 0.0  # the link's emulated RTT (0 on an in-process link)
     bandwidth_mbps: float | None = None  # None = unlimited
     local: LocalModules | None = None  # the local head/tail (set by the verifier; None when replaying)
+    tokenizer: object | None = None  # the model's tokenizer (datastore sources tokenise public text with it)
 
 
 @dataclass

@@ -12,13 +12,21 @@ FLAGS = {
     "draft_budget": "--draft-budget", "ngram": "--ngram", "window": "--window", "pool": "--pool", "block": "--block",
     "calibration": "--draft-calibration", "alternatives": "--alternatives", "draft_head": "--draft-head",
 }
+SIZING_HELP = (
+    "combined, local-draft, feature-draft: the round-trip time in ms the draft tree is sized for (default: the "
+    "link's: --rtt-ms when an emulated link is named, else the RTT measured on the steps, about 0 in-process). "
+    "tau, the tokens per round trip, depends on it: a draft sized for a long RTT is larger (each extra position "
+    "costs compute that the round trip dwarfs) and commits more tokens per round trip than one sized for RTT 0; "
+    "set it to your deployment's RTT to see the tau you would get there")
 
 
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
     from splitinfer.decoding.base import list_proposers
 
     p.add_argument("--decoding", default="sequential", choices=list_proposers(),
-                   help="proposer whose drafts are verified each round trip (default %(default)s)")
+                   help="proposer whose drafts are verified each round trip (default %(default)s; combined sizes "
+                        "its draft for the link's RTT, see --draft-rtt-ms)")
+    p.add_argument("--draft-rtt-ms", dest="draft_rtt_ms", type=float, default=None, metavar="MS", help=SIZING_HELP)
     p.add_argument("--draft-budget", type=int, default=None, metavar="T",
                    help="max draft tokens per step (prompt-lookup, suffix, combined, local-draft, feature-draft)")
     p.add_argument("--ngram", type=int, default=None, metavar="N",
@@ -49,4 +57,6 @@ class DecodingFlags:
         """The flags of :func:`add_decoding_args`; ``options`` is what :func:`~.base.make_proposer` takes."""
         flags = vars(args)
         opts = {k: flags[k] for k in FLAGS if flags[k] is not None}
+        if flags.get("draft_rtt_ms") is not None:  # its own dest: --rtt-ms (the emulated link) is rtt_ms
+            opts["rtt_ms"] = flags["draft_rtt_ms"]
         return cls(name=args.decoding, options={**opts, **parse_options(args.decoding_option, "--decoding-option")})

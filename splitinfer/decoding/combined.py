@@ -49,7 +49,8 @@ from splitinfer.decoding.lookahead import Lookahead
 from splitinfer.decoding.merge import best_size, merge_candidates, ranked_nodes, select
 from splitinfer.errors import SplitInferError
 
-SOURCES = ("suffix", "prompt-lookup", "ngram-pool", "token-recycling", "local-draft", "feature-draft")
+SOURCES = ("suffix", "prompt-lookup", "ngram-pool", "token-recycling", "rest", "suffix-automaton", "local-draft",
+           "feature-draft")
 # Training-free defaults (token-recycling: +0.14 tau over the other three, reports/decoding/report.txt);
 # local-draft / feature-draft run the model: opt in.
 DEFAULT_SOURCES = ("suffix", "prompt-lookup", "ngram-pool", "token-recycling")
@@ -117,6 +118,8 @@ class Combined(Proposer):
             "prompt-lookup": {"draft_budget": min(self.budget, 16), "candidates": 4},
             "ngram-pool": {"ngram": 5, "pool": 5},
             "token-recycling": {"draft_budget": self.budget},
+            "rest": {"draft_budget": min(self.budget, 16)},
+            "suffix-automaton": {"draft_budget": min(self.budget, 16)},
             "local-draft": {"draft_budget": min(self.budget, 8), **opts.link(), "calibration": calibration},
             "feature-draft": {"draft_budget": min(self.budget, 16), **opts.link(), "draft_head": draft_head,
                               "shortlist": shortlist},

@@ -195,6 +195,8 @@ def decode(
 
     env = env or DecodingEnv(vocab_size=int(sm.loaded.model.config.vocab_size), eos_ids=frozenset(eos),
                              max_new_tokens=max_new_tokens)
+    if env.tokenizer is None:  # datastore sources tokenise public text with the model's tokenizer
+        env = replace(env, tokenizer=sm.loaded.tokenizer)
     if env.local is None:  # lend the local parts to proposers that draft with the model (own caches only)
         env = replace(env, local=LocalModules(sm.head, sm.tail, sm.loaded.num_layers, sm.loaded.sha256 or ""))
     head_cache, tail_cache = sm.head.new_cache(), sm.tail.new_cache()

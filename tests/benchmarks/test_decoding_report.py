@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from benchmarks import decoding_report as dr
+from benchmarks.prompts import CATEGORIES
 
 
 def _row(tau: float) -> dict:
-    row = {"tau": {**{c: tau for c in dr.CATEGORIES}, "mean": tau}}
+    row = {"tau": {**{c: tau for c in CATEGORIES}, "mean": tau}}
     for kind in ("cpu", "flat"):
         for rtt in dr.RTTS:
-            row[f"{kind}@{rtt:g}"] = {c: 5.0 * tau for c in dr.CATEGORIES}
+            row[f"{kind}@{rtt:g}"] = {c: 5.0 * tau for c in CATEGORIES}
     return row
 
 

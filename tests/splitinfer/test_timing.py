@@ -84,3 +84,21 @@ def test_step_cost_model_fixed_or_online_at_the_target_network():
     assert abs(f_target - f_link - 60.0) < 1e-9 and abs(per_target - per_link) < 1e-9
     with pytest.raises(SplitInferError, match="both step_ms and token_ms"):
         StepCostModel(step_ms=90.0)
+
+
+def test_without_a_named_rtt_the_draft_is_sized_for_the_measured_one():
+    """A real remote link names no RTT (the link's emulated RTT is 0): size for what the steps measure, not 0."""
+    measured, named = StepCostModel(), StepCostModel()
+    measured.begin(0.0, None)
+    named.begin(80.0, None)
+    for m in (measured, named):
+        for t in (1, 4, 8, 2, 6):
+            m.observe(StepTiming(tokens_sent=t, total_ms=80.0 + 10 + 2.0 * t, network_ms=80.0))
+    (f_measured, per_measured), (f_named, per_named) = measured.coefficients(), named.coefficients()
+    assert abs(f_measured - f_named) < 1e-9 and abs(per_measured - per_named) < 1e-9
+    assert abs(f_measured - 90.0) < 1e-6
+    quiet = StepCostModel()
+    quiet.begin(0.0, None)  # in-process: about zero network time, so sized for about RTT 0, as before
+    for t in (1, 4, 8):
+        quiet.observe(StepTiming(tokens_sent=t, total_ms=10 + 2.0 * t, network_ms=0.01))
+    assert quiet.coefficients()[0] < 10.1

@@ -39,3 +39,13 @@ def test_generate_cli_with_a_proposer_prints_decoding_metrics(capsys):
 def test_generate_cli_rejects_options_the_proposer_does_not_take(capsys):
     assert main(["generate", "--model", "tiny-random", "--decoding", "jacobi", "--window", "3", "x"]) == 2
     assert "does not take option(s) window" in capsys.readouterr().err
+
+
+def test_draft_rtt_ms_sets_the_sizing_rtt_and_help_says_tau_depends_on_it(capsys):
+    assert DecodingFlags.from_args(parse("--decoding", "combined", "--draft-rtt-ms", "80")).options == {"rtt_ms": 80.0}
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--draft-rtt-ms" in text and "tau, the tokens per round trip, depends on it" in text
+    assert main(["generate", "--model", "tiny-random", "--decoding", "jacobi", "--draft-rtt-ms", "80", "x"]) == 2
+    assert "does not take option(s) rtt_ms" in capsys.readouterr().err

@@ -23,7 +23,9 @@ PROMPTS = [
     '{"a": 1, "b": 2, "a": 1, "b"',
     "Hello",
 ]
-FAST_OPTIONS = {"jacobi": {"block": 6}, "lookahead": {"window": 3, "ngram": 4, "pool": 3}}
+FAST_OPTIONS = {"jacobi": {"block": 6}, "lookahead": {"window": 3, "ngram": 4, "pool": 3},
+                "rest": {"corpora": "chat", "max_tokens": 20000, "min_prob": 0.0},
+                "suffix-automaton": {"corpora": "chat", "max_tokens": 20000}}
 
 
 @pytest.fixture(scope="module")
