@@ -55,6 +55,7 @@ from attacks.boundary import Boundary
 from benchmarks.prompts import PROMPTS
 from benchmarks.attack_grid import Victim, extract_split, row_threat_model
 from benchmarks.attack_tables import SCOPE, baseline_line, cell
+from benchmarks.defenses_calibrate import calibrate
 from benchmarks.defenses_private import paired_label, public_label, with_trained_adapter
 from benchmarks.defenses_overhead import overhead_ms
 from benchmarks.defenses_random_split import random_split_row
@@ -271,7 +272,7 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
             skipped.append(f"{Boundary('head', a)} {spec}")
             continue
         tj = time.perf_counter()
-        pipe = _pipeline(spec, train[a])
+        pipe = calibrate(loaded, _pipeline(spec, train[a]), a, tail, train[a], seed)  # pclip, shaped-noise, denoise
         test = clean_test[a]
         pipe = with_trained_adapter(loaded, pipe, a, cfg.get("corpora", ["prose"]), seed, workdir)
         if pipe.model_items:  # a private head: the victim's states come from its own layers
