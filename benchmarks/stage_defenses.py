@@ -55,6 +55,7 @@ from attacks.boundary import Boundary
 from benchmarks.prompts import PROMPTS
 from benchmarks.attack_grid import Victim, extract_split, row_threat_model
 from benchmarks.attack_tables import SCOPE, baseline_line, cell
+from benchmarks.defenses_adv import disclosed_attackers
 from benchmarks.defenses_calibrate import calibrate
 from benchmarks.defenses_private import paired_label, public_label, with_trained_adapter
 from benchmarks.defenses_overhead import overhead_ms
@@ -283,6 +284,11 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
         pairs = _deployment_pairs(loaded, cfg, pipe, a, ks) if pipe.model_items and ks else None
         tried = [x for n in attackers for x in _attack(loaded, n, options.get(n, {}), pipe, train[a], test, rows[a],
                                                        seed, pairs, _common_tokens(attackers, options))]
+        if pipe.get("lora-adv") is not None:  # fresh attackers on the fixed adapter's own states
+            own, _ = split_taps(victim_model(loaded, pipe, a), cfg, [a], "train",
+                                int(cfg.get("train_tokens", 4000)) // n_corp)
+            tried += disclosed_attackers(loaded, pipe, attackers, options, as_public(own[a], loaded), test, rows[a],
+                                         seed, _common_tokens(attackers, options))
         best = _best(tried)
         row = {"job": j, "depth": a, "defense": public_label(pipe),
                "family": pipe.items[0].name if pipe.items else "none",
