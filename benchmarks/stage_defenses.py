@@ -291,7 +291,7 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
                                          seed, _common_tokens(attackers, options))
         best = _best(tried)
         row = {"job": j, "depth": a, "defense": public_label(pipe),
-               "family": pipe.items[0].name if pipe.items else "none",
+               "family": "+".join(d.name for d in pipe.items) or "none",  # pclip+denoise: its own curve
                "strength": {d.name: d.strength_value() for d in pipe.items}, "describe": pipe.describe(),
                "attackers": tried, "best": best, **defended_utility(loaded, a, tail, pipe, seqs),
                **_cost(loaded, a, tail, pipe, cfg, reference)}
