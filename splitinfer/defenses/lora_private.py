@@ -27,6 +27,7 @@ import torch
 
 from splitinfer.defenses.base import DefenseError, register_defense
 from splitinfer.defenses.lora_random import HeadLora, copy_lora, lora_holder, with_head_layers
+from splitinfer.tokens import encode_texts
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def train_adapter(loaded, depth: int, texts: Sequence[str], out: str | Path, *, 
 
     from splitinfer.defenses.rerun import boundary
 
-    ids = [t for text in texts for t in loaded.tokenizer(text, add_special_tokens=False)["input_ids"]]
+    ids = [t for enc in encode_texts(loaded.tokenizer, list(texts)) for t in enc.ids]
     if len(ids) < seq_len + 1:
         raise DefenseError(f"lora-private: the training texts hold {len(ids)} tokens; give at least {seq_len + 1}")
     data = torch.tensor(ids[: len(ids) // seq_len * seq_len]).reshape(-1, seq_len)  # (S, seq_len)
