@@ -34,7 +34,7 @@ def public_mask(taps: Taps, i: int, rows: slice) -> np.ndarray:
         return np.zeros(rows.stop - rows.start, dtype=bool)
     off = np.asarray(taps.offsets[rows], dtype=np.int64)  # (T, 2)
     spans = taps.documents[int(taps.seq_doc[i])].get("template_spans") or []
-    return template_token_mask(off, spans) | (off[:, 0] == off[:, 1])
+    return template_token_mask(off, spans)  # template spans and zero-width (added) tokens
 
 
 def defend_taps(taps: Taps, pipeline: DefensePipeline, session0: int = 0) -> Taps:
