@@ -22,18 +22,31 @@ import numpy as np
 import torch
 
 from attacks.tapdata import Taps
+from splitinfer.corpora import template_token_mask
 from splitinfer.defenses import DefensePipeline
 from splitinfer.defenses.lora_random import with_head_layers
 
 
+def public_mask(taps: Taps, i: int, rows: slice) -> np.ndarray:
+    """(T,) bool of sequence ``i``: the positions the cloud knows without user text (DESIGN.md section 5): tokens
+    the tokenizer added (no character: offsets (0, 0)) and chat-template tokens; all False without offsets."""
+    if taps.offsets is None:
+        return np.zeros(rows.stop - rows.start, dtype=bool)
+    off = np.asarray(taps.offsets[rows], dtype=np.int64)  # (T, 2)
+    spans = taps.documents[int(taps.seq_doc[i])].get("template_spans") or []
+    return template_token_mask(off, spans)  # template spans and zero-width (added) tokens
+
+
 def defend_taps(taps: Taps, pipeline: DefensePipeline, session0: int = 0) -> Taps:
-    """(N, d) states -> (N, d) float32 states as the cloud's body receives them under ``pipeline``'s wire part."""
+    """(N, d) states -> (N, d) float32 states as the cloud's body receives them under ``pipeline``'s wire part
+    (public positions passed to the defenses that release them untouched)."""
     if not pipeline.transforms and pipeline.codec is None:
         return taps
     out = np.empty(taps.hidden.shape, dtype=np.float32)
     for i, rows in taps.sequences():
         h = torch.from_numpy(np.asarray(taps.hidden[rows], dtype=np.float16))  # (T, d) as on an fp16 wire
-        out[rows] = pipeline.simulate_up(h, taps.token_ids[rows].tolist(), session0 + i).numpy()
+        out[rows] = pipeline.simulate_up(h, taps.token_ids[rows].tolist(), session0 + i,
+                                         public_mask(taps, i, rows).tolist()).numpy()
     meta = {**taps.meta, "defense": pipeline.label}
     return Taps(out, taps.token_ids, taps.seq_lengths, taps.seq_doc, taps.documents, taps.offsets, meta)
 

@@ -47,6 +47,7 @@ class AblatedNoise(Noise):
     """``noise`` with its clip and its noise applied by position (``variant``, one of :data:`VARIANTS`)."""
 
     variant: str = "defense"
+    uses_public = False  # the ablation's variants choose their untouched rows themselves
 
     def validate(self) -> None:
         super().validate()

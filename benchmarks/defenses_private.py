@@ -20,7 +20,7 @@ from pathlib import Path
 from splitinfer.corpora import load_corpus
 from splitinfer.defenses import DefensePipeline
 from splitinfer.defenses.base import format_items
-from splitinfer.defenses.lora_private import train_adapter
+from splitinfer.defenses.lora_private import LoraPrivate, train_adapter
 
 log = logging.getLogger(__name__)
 
@@ -35,21 +35,30 @@ def paired_label(base: str, k: int) -> str:
     return ", ".join(parts[:at] + [f"paired (k={k})"] + parts[at:])
 
 
+def _adapter_item(pipe: DefensePipeline) -> LoraPrivate | None:
+    """The pipeline's trained-adapter defense (``lora-private``, ``lora-adv``), if any."""
+    return next((d for d in pipe.items if isinstance(d, LoraPrivate)), None)
+
+
 def public_label(pipe: DefensePipeline) -> str:
     """The row's label: the canonical one, without the adapter's path when a private adapter is part of it."""
-    return format_items(pipe.items, public=True) if pipe.get("lora-private") is not None else pipe.label
+    return format_items(pipe.items, public=True) if _adapter_item(pipe) is not None else pipe.label
 
 
 def with_trained_adapter(loaded, pipe: DefensePipeline, depth: int, corpora: list[str], seed: int,
                          workdir: str) -> DefensePipeline:
-    """``pipe`` with its ``lora-private`` item's adapter trained now when the spec names none (else as is)."""
-    item = pipe.get("lora-private")
+    """``pipe`` with its ``lora-private`` / ``lora-adv`` item's adapter trained now when the spec names none (else
+    as is)."""
+    item = _adapter_item(pipe)
     if item is None or item.adapter:
         return pipe
     texts = [t for c in corpora
              for t in load_corpus(c, "val", seed=seed, max_docs=MAX_DOCS, tokenizer=loaded.tokenizer)["text"]]
-    out = Path(workdir) / f"head{depth}-r{item.rank}-s{item.steps}"
-    log.info("lora-private: training the victim's adapter at head %d (rank %d, %d steps)", depth, item.rank,
+    out = Path(workdir) / f"{item.name}-head{depth}-r{item.rank}-s{item.steps}"
+    log.info("%s: training the victim's adapter at head %d (rank %d, %d steps)", item.name, depth, item.rank,
              item.steps)
-    train_adapter(loaded, depth, texts, out, rank=item.rank, steps=item.steps, seed=seed)
+    if hasattr(item, "train"):
+        item.train(loaded, depth, texts, out, seed=seed)
+    else:
+        train_adapter(loaded, depth, texts, out, rank=item.rank, steps=item.steps, seed=seed)
     return DefensePipeline([dataclasses.replace(d, adapter=str(out)) if d is item else d for d in pipe.items])

@@ -67,6 +67,8 @@ from attacks.tapdata import Taps
 from attacks.boundary import Boundary
 from benchmarks.attack_grid import GridConfig, GridData, Victim, extract, extract_split, row_threat_model, test_pool
 from benchmarks.attack_tables import SCOPE, baseline_line, cell
+from benchmarks.defenses_adv import disclosed_attackers
+from benchmarks.defenses_calibrate import calibrate
 from benchmarks.defenses_tables import attackers_table, recovery_table, utility_table
 from benchmarks.defense_utility import (cell_utility, chat_form_sequences, defended_utility,  # noqa: F401
                                         held_out_prompts, utility_sequences)  # the two utility_*: clip_ablation's
@@ -289,7 +291,7 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
             continue
         try:
             tj = time.perf_counter()
-            pipe = _pipeline(spec, train[a])
+            pipe = calibrate(loaded, _pipeline(spec, train[a]), a, tail, train[a], seed)  # pclip, shaped-noise, denoise
             test = clean_test[a]
             pipe = with_trained_adapter(loaded, pipe, a, corpora, seed, workdir)
             if pipe.model_items:  # a private head: the victim's states come from its own layers (same sequences)
@@ -308,12 +310,17 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
                     if why is None:
                         raise
                     record_failure(results, "defenses", "attack", f"{n}@{Boundary('head', a)}/{spec}", why)
+            if pipe.get("lora-adv") is not None:  # fresh attackers on the fixed adapter's own states
+                own, _ = split_taps(victim_model(loaded, pipe, a), cfg, [a], "train",
+                                    int(cfg.get("train_tokens", 4000)) // len(corpora))
+                tried += disclosed_attackers(loaded, pipe, attackers, options, as_public(own[a], loaded), target,
+                                             seed, run, preds, n_boot)
             if not any("k" not in x for x in tried):  # every attacker failed (each listed as failed)
                 continue
             best = strongest(tried)
             gaps_to_strongest(tried, best, n_boot, seed)
             row = {"job": j, "depth": a, "defense": public_label(pipe),
-                   "family": pipe.items[0].name if pipe.items else "none",
+                   "family": "+".join(d.name for d in pipe.items) or "none",  # pclip+denoise: its own curve
                    "strength": {d.name: d.strength_value() for d in pipe.items}, "describe": pipe.describe(),
                    "attackers": tried, "best": best,
                    "scored_set": dict(zip(("tokens", "documents"), set_size(target))),

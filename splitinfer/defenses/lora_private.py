@@ -52,9 +52,17 @@ def trainable_lora(layers: torch.nn.ModuleList, rank: int, seed: int) -> torch.n
 
 
 def train_adapter(loaded, depth: int, texts: Sequence[str], out: str | Path, *, rank: int = 8, steps: int = 100,
-                  lr: float = 1e-3, seq_len: int = 64, batch: int = 4, lm_weight: float = 0.5, seed: int = 0) -> Path:
-    """Fit a LoRA adapter on the first ``depth`` layers to the user's texts; write it to ``out`` and return it."""
+                  lr: float = 1e-3, seq_len: int = 64, batch: int = 4, lm_weight: float = 0.5, seed: int = 0,
+                  regulariser: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                  extra_meta: Callable[[], dict] | None = None) -> Path:
+    """Fit a LoRA adapter on the first ``depth`` layers to the user's texts; write it to ``out`` and return it.
+
+    ``regulariser(states (B, T, d), ids (B, T))`` adds a term on the head's output states to each step's loss
+    (``lora-adv``'s adversary); ``extra_meta()`` adds entries to the adapter's JSON when it is written.
+    """
     from safetensors.torch import save_file
+
+    from splitinfer.defenses.rerun import boundary
 
     ids = [t for enc in encode_texts(loaded.tokenizer, list(texts)) for t in enc.ids]
     if len(ids) < seq_len + 1:
@@ -70,11 +78,12 @@ def train_adapter(loaded, depth: int, texts: Sequence[str], out: str | Path, *, 
         x = data[torch.randint(0, len(data), (min(batch, len(data)),), generator=gen)]  # (B, seq_len)
         with torch.no_grad():
             teacher = torch.log_softmax(loaded.model(x).logits.float(), -1)  # (B, seq_len, V)
-        logits = student(x).logits.float()
+        logits, states = boundary(student, x, reads=(depth,) if regulariser else ())
+        logits = logits.float()
         logp = torch.log_softmax(logits, -1)
         kl = torch.nn.functional.kl_div(logp, teacher, log_target=True, reduction="batchmean") / x.shape[1]
         lm = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
-        loss = kl + lm_weight * lm
+        loss = kl + lm_weight * lm + (regulariser(states[depth], x) if regulariser else 0.0)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -87,7 +96,7 @@ def train_adapter(loaded, depth: int, texts: Sequence[str], out: str | Path, *, 
               str(out / "adapter.safetensors"))
     meta = {"rank": rank, "steps": steps, "depth": depth, "lr": lr, "lm_weight": lm_weight, "seed": seed,
             "base_sha256": loaded.sha256, "layer_sha256": [layer_digest(x) for x in loaded.model.model.layers[:depth]],
-            "train_tokens": int(data.numel()), "final_loss": last}
+            "train_tokens": int(data.numel()), "final_loss": last, **(extra_meta() if extra_meta else {})}
     (out / "adapter.json").write_text(json.dumps(meta, indent=1))
     return out
 

@@ -22,6 +22,13 @@ the same state (a replay), which leaks nothing new. ``replies=true`` also noises
 returns, with the cloud's own draws (it then must know: the hello carries it);
 that cannot hide anything from the cloud, which computed them, only from
 whoever sees the wire or its logs, and it costs utility.
+
+Public positions (an added BOS, chat-template tokens: the cloud knows their
+tokens without seeing user text) are released untouched, neither clipped nor
+noised, when the caller passes their mask (``public``; issue 29 item 3): the
+clip's utility cost came mostly from clipping position 0's attention-sink
+state (``reports/clip_ablation``), and noising a token the cloud knows hides
+nothing.
 """
 
 from __future__ import annotations
@@ -53,10 +60,18 @@ def gaussian_epsilon(noise_multiplier: float, delta: float) -> float:
         return float(acc.get_epsilon(delta=delta, alphas=orders + [128, 256, 512, 1024, 4096]))
 
 
-def clip_rows(x: torch.Tensor, clip: float) -> torch.Tensor:
-    """(T, d) -> (T, d) with every row's L2 norm at most ``clip``."""
+def clip_rows(x: torch.Tensor, clip: float | torch.Tensor) -> torch.Tensor:
+    """(T, d) -> (T, d) with every row's L2 norm at most ``clip`` (a scalar, or (T, 1) one per row)."""
     norms = x.norm(dim=-1, keepdim=True)  # (T, 1)
     return x * torch.clamp(clip / (norms + 1e-12), max=1.0)
+
+
+def keep_public(released: torch.Tensor, original: torch.Tensor, public: Sequence[bool] | None) -> torch.Tensor:
+    """(T, d) released rows with the ``public`` rows put back to ``original`` (None: no public rows)."""
+    if public is None or not any(public):
+        return released
+    mask = torch.as_tensor(list(public), dtype=torch.bool, device=released.device)[:, None]  # (T, 1)
+    return torch.where(mask, original.to(released.dtype), released)
 
 
 @register_defense("noise")
@@ -74,6 +89,7 @@ class Noise(Defense):
     strength = ("sigma",)
     secret = ("seed",)
     shown = ("clip",)
+    uses_public = True  # the pipeline passes the public-position mask
 
     def validate(self) -> None:
         # inf would release inf/NaN states and report a finite epsilon for an infinite sensitivity
@@ -93,15 +109,16 @@ class Noise(Defense):
         return self.replies
 
     def apply(self, x: torch.Tensor, positions: Sequence[int], session: int, direction: str,
-              content: Sequence[int] | None = None) -> torch.Tensor:
-        """(T, d) states -> (T, d) released states, in x's dtype (noise computed in float32)."""
+              content: Sequence[int] | None = None, public: Sequence[bool] | None = None) -> torch.Tensor:
+        """(T, d) states -> (T, d) released states, in x's dtype (noise computed in float32); ``public`` (T,)
+        rows untouched."""
         if direction == "down" and not self.replies:
             return x
         y = clip_rows(x.float(), self.clip)
         if self.sigma > 0:
             noise = keyed_normal(self.seed, session, positions, direction, x.shape[-1], content)
             y = y + (self.sigma * self.clip) * noise.to(y.device)
-        return y.to(x.dtype)
+        return keep_public(y, x.float(), public).to(x.dtype)
 
     def epsilon(self) -> float:
         return gaussian_epsilon(self.sigma / 2.0, self.delta)

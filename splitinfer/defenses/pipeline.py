@@ -50,6 +50,11 @@ class DefensePipeline:
         self.codec = codecs[0] if codecs else None
         self.transforms = [d for d in self.items if d.kind == "wire" and not hasattr(d, "encode")]
         self.model_items = [d for d in self.items if d.kind == "model"]
+        self.denoisers = [d for d in self.transforms if hasattr(d, "denoise")]
+        if self.denoisers and len(self.transforms) == len(self.denoisers):
+            raise DefenseError(f"{self.label}: a denoiser removes the effect of noise the head adds; compose it "
+                               "with one, e.g. noise(sigma=0.05)+denoise(profile=KEY)")
+        self._perturbation: torch.Tensor | None = None
 
     @classmethod
     def parse(cls, spec: str | None = "none", options: Iterable[str] | dict = ()) -> DefensePipeline:
@@ -88,17 +93,29 @@ class DefensePipeline:
 
     # ---------------------------------------------------------------- values
     def _transform(self, x: torch.Tensor, positions: Sequence[int], session: int, direction: str,
-                   content: Sequence[int] | None = None) -> torch.Tensor:  # (1, T, d) -> (1, T, d)
+                   content: Sequence[int] | None = None,
+                   public: Sequence[bool] | None = None) -> torch.Tensor:  # (1, T, d) -> (1, T, d)
         for d in self.transforms:
-            y = d.apply(x[0], positions, session, direction, content)
+            extra = {"public": public} if getattr(d, "uses_public", False) else {}
+            y = d.apply(x[0], positions, session, direction, content, **extra)
             check_released(d, x[0], y)
             x = y[None]
         return x
 
     def transform_up(self, hidden: torch.Tensor, positions: Sequence[int], session: int,
-                     content: Sequence[int] | None = None) -> torch.Tensor:
-        """Client: (1, T, d) head states -> (1, T, d) released values (noise keyed by ``content`` digests)."""
-        return hidden if not self.transforms else self._transform(hidden, positions, session, "up", content)
+                     content: Sequence[int] | None = None, public: Sequence[bool] | None = None) -> torch.Tensor:
+        """Client: (1, T, d) head states -> (1, T, d) released values (noise keyed by ``content`` digests).
+
+        ``public`` (T,) marks the positions the cloud knows without user text (an added BOS, chat-template
+        tokens: ``splitinfer.tokens``' mask); defenses that declare ``uses_public`` release them untouched.
+        A local denoiser (``denoise``) gets the perturbation released - head states at :meth:`restore_down`.
+        """
+        if not self.transforms:
+            return hidden
+        out = self._transform(hidden, positions, session, "up", content, public)
+        if self.denoisers:
+            self._perturbation = out.float() - hidden.float()  # (1, T, d), local only
+        return out
 
     def encode_up(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """Client: (1, T, d) released values on the wire dtype -> the forward frame's tensors."""
@@ -126,19 +143,27 @@ class DefensePipeline:
         return tensors.get("hidden")
 
     def restore_down(self, back: torch.Tensor) -> torch.Tensor:
-        """Client: (1, T, d) body output as received -> (1, T, d) in the tail's basis (permute's ``y Q^T``)."""
+        """Client: (1, T, d) body output as received -> (1, T, d) in the tail's basis (permute's ``y Q^T``), then
+        the local denoisers' estimate of the undefended body output (from the last :meth:`transform_up`)."""
         for d in reversed(self.transforms):
             if hasattr(d, "restore"):
                 back = d.restore(back)
+        for d in self.denoisers:
+            if self._perturbation is None or self._perturbation.shape != back.shape:
+                raise DefenseError("denoise: the reply does not match the last released states; the client must "
+                                   "call transform_up before restore_down for every step")
+            back = d.denoise(back.float(), self._perturbation.to(back.device)).to(back.dtype)
         return back
 
     def down_dtype(self, sent: torch.dtype) -> torch.dtype:
         """The reply's dtype: the client's wire dtype, or float32 when a codec dequantises on the cloud."""
         return sent if self.codec is None else torch.float32
 
-    def simulate_up(self, hidden: torch.Tensor, tokens: Sequence[int], session: int) -> torch.Tensor:
-        """(T, d) states of a sequence (positions 0..T-1, on the wire dtype) -> (T, d) float32 as the body gets them."""
-        x = self.transform_up(hidden[None], range(len(tokens)), session, path_digests(0, tokens))
+    def simulate_up(self, hidden: torch.Tensor, tokens: Sequence[int], session: int,
+                    public: Sequence[bool] | None = None) -> torch.Tensor:
+        """(T, d) states of a sequence (positions 0..T-1, on the wire dtype) -> (T, d) float32 as the body gets them
+        (``public``: (T,) the positions the cloud knows, see :meth:`transform_up`)."""
+        x = self.transform_up(hidden[None], range(len(tokens)), session, path_digests(0, tokens), public)
         return (self.codec.roundtrip(x) if self.codec else x)[0].float()
 
     def check_width(self, d: int) -> None:

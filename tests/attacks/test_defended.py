@@ -62,3 +62,20 @@ def test_victim_model_changes_only_its_copy(tiny, corpus):
     ids = priv.token_ids[: priv.seq_lengths[0]]
     h = sm.head(torch.tensor([ids.tolist()]), torch.arange(len(ids)), sm.head.new_cache())[0]
     assert torch.allclose(h, torch.from_numpy(priv.hidden[: len(ids)]), atol=1e-5)
+
+
+def test_public_positions_released_untouched():
+    """Template tokens and tokens the tokenizer added (no characters) reach the cloud as they are under noise;
+    before, noise clipped and noised them like user text."""
+    from attacks.defended import public_mask
+    from attacks.tapdata import Taps
+
+    text = "<|user|>hi there"  # template span [0, 8)
+    offsets = np.array([[0, 0], [0, 8], [8, 10], [10, 16]], dtype=np.int32)  # an added BOS, template, user, user
+    hidden = (np.random.default_rng(0).standard_normal((4, 16)) * 50).astype(np.float16)
+    taps = Taps(hidden, np.array([1, 2, 3, 4]), np.array([4]), np.array([0]),
+                [{"doc_id": "d", "text": text, "template_spans": [{"start": 0, "end": 8}]}], offsets)
+    assert public_mask(taps, 0, slice(0, 4)).tolist() == [True, True, False, False]
+    got = defend_taps(taps, DefensePipeline.parse("noise(sigma=0.1,clip=1.0)"))
+    assert np.array_equal(got.hidden[:2], hidden[:2].astype(np.float32))
+    assert (np.linalg.norm(got.hidden[2:], axis=1) < 3.0).all()

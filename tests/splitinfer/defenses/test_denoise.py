@@ -1,0 +1,70 @@
+"""denoise: the local denoiser wins utility back under noise on the tiny model, and changes nothing on the wire."""
+
+import pytest
+import torch
+
+from splitinfer.client import SplitModel
+from splitinfer.defenses import DefenseError, DefensePipeline
+from splitinfer.defenses.denoise import denoiser_pairs, train_denoiser
+from splitinfer.defenses.pclip import save_clips
+
+
+@pytest.fixture(autouse=True)
+def profiles(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPLITINFER_PROFILES", str(tmp_path / "profiles"))
+
+
+def _seqs(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 250, (24,), generator=g).tolist() for _ in range(n)]
+
+
+def _agreement(tiny, spec, seqs):
+    """Next-token agreement with the undefended model, teacher-forced through the runtime (the stage's measure)."""
+    sm = SplitModel(tiny, "2,2", defense=DefensePipeline.parse(spec))
+    agree = n = 0
+    for seq in seqs:
+        with torch.no_grad():
+            clean = tiny.model(torch.tensor([seq])).logits[0]
+        sm.remote.open()
+        try:
+            logits, _ = sm.forward_step(sm.head.new_cache(), sm.tail.new_cache(), seq, list(range(len(seq))))
+        finally:
+            sm.remote.close()
+        agree += int((logits.argmax(-1) == clean.argmax(-1)).sum())
+        n += len(seq)
+    return agree / n
+
+
+def test_denoiser_utility_gain_on_tiny_model(tiny):
+    key = save_clips(torch.full((2,), 8.0), 50.0, {"test": "denoise"})
+    noise = f"pclip(sigma=0.1,percentile=50.0,profile={key})"
+    pairs = denoiser_pairs(tiny.model, 2, 4, DefensePipeline.parse(noise), _seqs(24, 1))
+    dkey, report = train_denoiser(pairs, {"test": 1}, hidden=64, epochs=60)
+    assert report["val_rel_err_learned"] <= report["val_rel_err_subtract"]
+    held = _seqs(6, 2)  # other sequences than the denoiser's
+    alone = _agreement(tiny, noise, held)
+    subtract = _agreement(tiny, noise + "+denoise(mode=subtract)", held)
+    learned = _agreement(tiny, noise + f"+denoise(profile={dkey})", held)
+    assert alone < 0.9  # the noise costs utility
+    assert subtract > alone + 0.1 and learned >= subtract - 0.02
+
+
+def test_denoiser_changes_nothing_the_cloud_sees():
+    key = save_clips(torch.full((2,), 8.0), 50.0, {"test": "wire"})
+    noise = f"pclip(sigma=0.1,percentile=50.0,profile={key})"
+    x = torch.randn(5, 16).half()
+    a = DefensePipeline.parse(noise).simulate_up(x, [1, 2, 3, 4, 5], 3)
+    b = DefensePipeline.parse(noise + "+denoise(mode=subtract)").simulate_up(x, [1, 2, 3, 4, 5], 3)
+    assert torch.equal(a, b)
+
+
+def test_denoiser_needs_noise_and_a_profile():
+    with pytest.raises(DefenseError, match="compose it with one"):
+        DefensePipeline.parse("denoise(mode=subtract)")
+    with pytest.raises(DefenseError, match="mode='x'"):
+        DefensePipeline.parse("noise+denoise(mode=x)")
+    pipe = DefensePipeline.parse("noise(sigma=0.1,clip=1.0)+denoise")
+    pipe.transform_up(torch.ones(1, 2, 4), [0, 1], 0)
+    with pytest.raises(DefenseError, match="calibrate one on public text"):
+        pipe.restore_down(torch.ones(1, 2, 4))
