@@ -9,6 +9,7 @@ wall-time budget. See ``benchmarks/suites/quick.toml`` for every key with commen
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ else:  # pragma: no cover
 
 SUITES_DIR = Path(__file__).parent / "suites"
 
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # a suite's name becomes a folder under reports/
 TOP_KEYS = {"name": str, "description": str, "model": str, "seed": int, "dtype": str, "device": str}
 
 
@@ -90,6 +92,9 @@ def load_suite(name_or_path: str) -> Suite:
     for key in ("name", "model"):
         if key not in top:
             raise SplitInferError(f"{path}: missing top-level key {key!r}")
+    if not NAME_RE.fullmatch(top["name"]):
+        raise SplitInferError(f"{path}: name {top['name'][:80]!r} must be a plain identifier (letters, digits, '_' "
+                              "and '-', at most 64, no path separators or dots): it names the report's folder")
     return Suite(top["name"], top.get("description", ""), top["model"], int(top.get("seed", 0)),
                  top.get("dtype", "fp32"), top.get("device", "cpu"),
                  {name: cfg.table() for name, cfg in configs.items()}, str(path), configs)
