@@ -6,6 +6,7 @@ clients are its own connections and close at its end.
 
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 import time
@@ -14,7 +15,15 @@ import pytest
 import torch
 
 from splitinfer.protocol import encode_frame
-from tests.splitinfer.ws_helpers import RawClient, ServerProcess
+from tests.splitinfer.ws_helpers import (
+    RawClient,
+    ServerProcess,
+    hello_frame,
+    server_stats,
+    wait_for,
+    ws_binary_frame,
+    ws_handshake,
+)
 
 D = 64  # the tiny model's hidden size
 WINDOW = ["--max-batch", "8", "--batch-window-ms", "300"]  # a long window: steps in flight together share a forward
@@ -134,3 +143,63 @@ def test_long_prefills_of_other_tenants_do_not_hold_up_single_token_steps(tiny_d
             t.join(60)
         server.stop()
     assert statistics.median(step_s) < statistics.median(prefill_s) / 3, (step_s, prefill_s)
+
+
+def _peak_rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def _flood(port: int, frame: bytes, copies: int, seconds: float) -> None:
+    """One raw connection: hello, then ``copies`` big frames sent without reading a reply, for at most ``seconds``."""
+    sock = ws_handshake("127.0.0.1", port)
+    try:
+        sock.sendall(ws_binary_frame(hello_frame()))
+        sock.settimeout(seconds)
+        assert sock.recv(65536)  # the welcome: logged in, the frame limit is now --max-frame-mb
+        deadline = time.monotonic() + seconds
+        for _ in range(copies):
+            if time.monotonic() > deadline:
+                break
+            sock.sendall(frame)
+    except OSError:  # the server stopped reading (timeout) or closed: what the budget is for
+        pass
+    finally:
+        time.sleep(0.5)
+        sock.close()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the server's peak RSS from /proc")
+def test_the_bytes_held_for_all_connections_stay_within_the_budget(tiny_dir, tmp_path):
+    """Finding 3: each connection held about 3.4 frames (16 connections x 8 MiB frames: +430 MiB), beyond the
+    documented bound. With --max-inflight-mb 16 the server stops reading once 16 MiB are held. Measured on the
+    2-core machine: peak RSS +200 MiB (the unbudgeted server: +393 MiB; in-flight peak 28 against 123 MiB)."""
+    frame_mb, budget_mb, conns = 8, 16, 16
+    server = ServerProcess(tiny_dir, "--max-frame-mb", str(frame_mb), "--max-inflight-mb", str(budget_mb),
+                           "--stats-all", log_dir=tmp_path).wait_ready()
+    try:
+        rows = (frame_mb * 2**20 - 4096) // (D * 4)  # refused (unknown session) after decoding
+        body = encode_frame("forward", {"session": "0" * 16, "positions": [0]},
+                            {"hidden": torch.zeros(1, rows, D)})
+        assert len(body) <= frame_mb * 2**20
+        frame = ws_binary_frame(body)
+        before = _rss(server.proc.pid)
+        threads = [threading.Thread(target=_flood, args=(server.port, frame, 4, 8.0)) for _ in range(conns)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        stats = server_stats(server.url)
+        growth = _peak_rss(server.proc.pid) - before
+        assert stats["inflight_limit_bytes"] == budget_mb * 2**20
+        slack = 2 * frame_mb * 2**20 + conns * 2**18  # frames let through + one socket read per connection
+        assert 0 < stats["inflight_peak_bytes"] <= budget_mb * 2**20 + slack, stats
+        assert growth < 300 * 2**20, growth / 2**20  # budget, copies while decoding, allocator slack
+        assert wait_for(lambda: server_stats(server.url)["inflight_bytes"] < 2**20)  # all given back
+    finally:
+        server.stop()
