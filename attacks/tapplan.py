@@ -1,9 +1,9 @@
 """Which tokens an extraction computes, and in which batches: tokenization, sequences, shards.
 
 :func:`plan_sequences` tokenizes a corpus split with the model's fast tokenizer
-(no special tokens, character offsets), cuts documents into sequences of at most
-``max_length`` tokens (each starts at position 0, as a split client's prompt
-does) and assigns them to shards of the on-disk store (:mod:`attacks.tapstore`).
+as it does by default (:mod:`splitinfer.tokens`: its BOS where it adds one; character
+offsets), cuts documents into sequences of at most ``max_length`` tokens (each
+starts at position 0 with the tokenizer's prefix, as a split client's prompt does) and assigns them to shards of the on-disk store (:mod:`attacks.tapstore`).
 :func:`plan_batches` groups sequences for the truncated forward of
 :mod:`attacks.taps`: equal lengths only (no padding, exact), or sorted and
 right-padded (``padded``).
@@ -21,6 +21,7 @@ import torch
 
 from attacks.errors import AttackError
 from splitinfer.corpora.pii_templates import SPAN_TYPES
+from splitinfer.tokens import added_tokens, encode_texts
 from attacks.tapstore import pii_label_array, shard_name
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,10 @@ class Plan:
 
 def plan_sequences(dataset: Any, tokenizer: Any, max_length: int, max_tokens: int | None, shard_tokens: int,
                    max_doc_tokens: int | None = None, partial_spans: bool = False) -> Plan:
-    """Tokenize documents (no special tokens, with offsets), cut them into sequences, assign shards.
+    """Tokenize documents (the model's default special tokens, with offsets), cut them into sequences, assign shards.
+
+    Every sequence starts with the tokenizer's prefix (a BOS where it adds one; offsets (0, 0), a public
+    position): a document's later sequences get it too, so no sequence runs off the model's input distribution.
 
     Documents are taken in split order until ``max_tokens``; the last one is
     cut, and so is every document longer than ``max_doc_tokens`` (so a small
@@ -56,6 +60,10 @@ def plan_sequences(dataset: Any, tokenizer: Any, max_length: int, max_tokens: in
     # every set labels the synthetic corpus's span types the same way (+ any other types present, sorted)
     types = list(SPAN_TYPES) + sorted({s["type"] for spans in dataset["pii_spans"] for s in spans} - set(SPAN_TYPES))
     budget = max_tokens if max_tokens is not None else float("inf")
+    prefix = np.asarray(added_tokens(tokenizer)[0], dtype=np.int32)  # (p,) the BOS, where the tokenizer adds one
+    if max_length <= len(prefix):
+        raise AttackError(f"max_length={max_length} leaves no room for text after the tokenizer's {len(prefix)} "
+                          "special token(s); raise max_length")
     plan = Plan([], [], [], types, [], [], [])
     lo, seen_docs, seen_tokens = 0, 0, 0
     while lo < len(dataset) and budget > 0:
@@ -64,34 +72,33 @@ def plan_sequences(dataset: Any, tokenizer: Any, max_length: int, max_tokens: in
         n = 64 if budget == float("inf") else 1 if not per_doc else int(min(64, max(1, -(-budget // per_doc))))
         rows = dataset[lo : lo + n]
         lo += n
-        enc = tokenizer(rows["text"], add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+        encs = encode_texts(tokenizer, list(rows["text"]))
         for k, text in enumerate(rows["text"]):
-            seen_docs, seen_tokens = seen_docs + 1, seen_tokens + len(enc["input_ids"][k])
+            seen_docs, seen_tokens = seen_docs + 1, seen_tokens + len(encs[k])
             cap = int(min(budget, max_doc_tokens or float("inf"), 1 << 62))
-            ids = np.asarray(enc["input_ids"][k], dtype=np.int32)[:cap]  # (n,)
-            if ids.size == 0:
+            ids = np.asarray(encs[k].ids, dtype=np.int32)[:cap]  # (n,)
+            if ids.size <= len(prefix):
                 log.info("document %s has no tokens; skipped", rows["doc_id"][k])
                 continue
-            offs = np.asarray(enc["offset_mapping"][k], dtype=np.int32).reshape(-1, 2)[: ids.size]  # (n, 2)
-            budget -= ids.size
+            offs = np.asarray(encs[k].offsets, dtype=np.int32).reshape(-1, 2)[: ids.size]  # (n, 2)
             d = len(plan.documents)
             spans = list(rows["pii_spans"][k])
-            labels = pii_label_array(offs, spans, types)  # (n,)
-            first_chunk = len(plan.chunks)
-            for j, a in enumerate(range(0, ids.size, max_length)):
-                b = min(a + max_length, ids.size)
-                plan.chunks.append({"doc": d, "chunk": j, "length": b - a, "char_start": int(offs[a:b, 0].min()),
-                                    "char_end": int(offs[a:b, 1].max())})
-                plan.ids.append(ids[a:b])
-                plan.offsets.append(offs[a:b])
-                plan.labels.append(labels[a:b])
+            first_chunk, n_tokens = len(plan.chunks), 0
+            for j, (c_ids, c_offs) in enumerate(_chunks(ids, offs, max_length, prefix)):
+                plan.chunks.append({"doc": d, "chunk": j, "length": len(c_ids), "char_start": int(c_offs[:, 0].min()),
+                                    "char_end": int(c_offs[:, 1].max())})
+                plan.ids.append(c_ids)
+                plan.offsets.append(c_offs)
+                plan.labels.append(pii_label_array(c_offs, spans, types))  # (t,)
+                n_tokens += len(c_ids)
+            budget -= n_tokens
             covered = int(offs[:, 1].max())
             plan.documents.append({"doc_id": rows["doc_id"][k], "group_id": rows["group_id"][k],
                                    "genre": rows["genre"][k], "split": rows["split"][k], "text": text[:covered],
                                    "pii_spans": [s for s in spans if (s["start"] < covered if partial_spans
                                                                       else s["end"] <= covered)],
                                    "template_spans": list(rows.get("template_spans", [[]] * (k + 1))[k]),
-                                   "n_tokens": int(ids.size), "chunks": list(range(first_chunk, len(plan.chunks)))})
+                                   "n_tokens": n_tokens, "chunks": list(range(first_chunk, len(plan.chunks)))})
             if budget <= 0:
                 break
     shard_fill = shard_tokens  # start a new shard on the first chunk
@@ -103,6 +110,22 @@ def plan_sequences(dataset: Any, tokenizer: Any, max_length: int, max_tokens: in
         shard_fill += c["length"]
         plan.shards[-1]["n_tokens"] = shard_fill
     return plan
+
+
+def _chunks(ids: np.ndarray, offs: np.ndarray, max_length: int, prefix: np.ndarray):
+    """``(ids, offsets)`` pieces of one document of at most ``max_length`` tokens, each starting with ``prefix``.
+
+    ``ids`` (n,) already starts with the prefix; a later piece gets it again at offsets (0, 0)."""
+    p = len(prefix)
+    has_prefix = p > 0 and np.array_equal(ids[:p], prefix)
+    body_ids, body_offs = (ids[p:], offs[p:]) if has_prefix else (ids, offs)
+    step = max_length - (p if has_prefix else 0)
+    for a in range(0, len(body_ids), step):
+        c_ids, c_offs = body_ids[a: a + step], body_offs[a: a + step]  # (t,), (t, 2)
+        if has_prefix:
+            c_ids = np.concatenate([prefix, c_ids]).astype(np.int32)
+            c_offs = np.concatenate([np.zeros((p, 2), dtype=np.int32), c_offs]).astype(np.int32)
+        yield c_ids, c_offs
 
 
 def plan_batches(lengths: Sequence[int], batch_size: int, padded: bool = False) -> list[list[int]]:

@@ -39,6 +39,7 @@ from attacks.evaluate import collect, doc_top1_counts, prior_from_taps, score
 from attacks.registry import get_attack_class, make_attack
 from attacks.tapdata import Taps
 from attacks.boundary import Boundary
+from splitinfer.tokens import encode_text
 from attacks.defended import knowledge_label
 from attacks.taps import extract_depths
 
@@ -156,7 +157,7 @@ def pii_test_tokens(loaded: Any, corpus: str, cfg: GridConfig) -> int:
     for text, spans in zip(dataset["text"], dataset["pii_spans"]):
         if min(counts.values()) >= cfg.min_pii_spans:
             break
-        offs = loaded.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        offs = encode_text(loaded.tokenizer, text).offsets
         offs = offs[: cfg.max_doc_tokens or len(offs)]
         if not offs:
             continue

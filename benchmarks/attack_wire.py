@@ -30,6 +30,7 @@ import numpy as np
 from attacks.errors import AttackError
 from attacks.tapdata import Taps
 from attacks.boundary import Boundary
+from splitinfer.tokens import encode_text
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ def wire_targets(loaded: Any, cfg: Any, data: Any, boundary: Boundary) -> NextTa
             for k, d in enumerate(seq_docs):
                 if budget <= 0:
                     break
-                prompt = tok(test.documents[d]["text"], add_special_tokens=False)["input_ids"][:PROMPT_TOKENS]
+                prompt = encode_text(tok, test.documents[d]["text"]).ids[:PROMPT_TOKENS]
                 if len(prompt) < 2:
                     continue
                 n = min(NEW_TOKENS, budget)

@@ -32,6 +32,7 @@ from benchmarks.shard import Shard
 from benchmarks.stages import STAGES
 from benchmarks.suite import Suite
 from splitinfer.errors import SplitInferError
+from splitinfer.tokens import tokenisation_record
 from splitinfer.models import load_model
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,7 @@ def run_suite(suite: Suite, out_dir: str | Path, stages: list[str] | None = None
         "seed": suite.seed,
         "torch_threads": torch.get_num_threads(),
         "stages": suite.stages,
+        "tokenisation": tokenisation_record(loaded.tokenizer),
     }
     results = new_results(config, suite.name)
     if not shard.whole:

@@ -30,6 +30,7 @@ from splitinfer.protocol import wire_dtype as parse_wire_dtype
 from splitinfer.remote import RemoteBody
 from splitinfer.session import BodyService, ServiceLimits
 from splitinfer.timing import StepTiming, fit, mean_breakdown
+from splitinfer.tokens import encode_chat, encode_text
 
 log = logging.getLogger(__name__)
 
@@ -177,12 +178,9 @@ class SplitModel:
         elif chat:
             if not self.loaded.has_chat_template:
                 raise SplitInferError(f"model {self.loaded.spec!r} has no chat template; drop --chat")
-            ids = tok.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
-            )
-            ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+            ids = encode_chat(tok, [{"role": "user", "content": prompt}]).ids
         else:
-            ids = tok(prompt, add_special_tokens=False)["input_ids"]
+            ids = encode_text(tok, prompt).ids
         if not ids:
             raise SplitInferError("the prompt is empty; give at least one token of text")
         vocab = self.loaded.model.config.vocab_size

@@ -97,8 +97,9 @@ def cmd_serve(args) -> int:
 
 # ---------------------------------------------------------------------- chat
 def _chat_ids(tokenizer, messages: list[dict]) -> list[int]:
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-    return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+    from splitinfer.tokens import encode_chat
+
+    return encode_chat(tokenizer, messages).ids
 
 
 def format_turn_stats(res) -> str:

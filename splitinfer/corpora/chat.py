@@ -37,8 +37,12 @@ def _as_messages(turns: Sequence[Any]) -> list[dict[str, str]]:
     return messages
 
 
-def format_chat_spans(turns: Sequence[Any], tokenizer: Any = None) -> tuple[str, list[dict[str, int]]]:
+def format_chat_spans(turns: Sequence[Any], tokenizer: Any = None,
+                      add_generation_prompt: bool = False) -> tuple[str, list[dict[str, int]]]:
     """``(text, template_spans)``: the formatted conversation and the character ranges the format added.
+
+    With ``add_generation_prompt`` the text ends with the template's cue for the assistant's answer (a prompt
+    to generate from); without it, it is a stored conversation (a corpus document).
 
     Turn contents are located in order in the formatted text; everything
     between them (and before the first, after the last) is template. A
@@ -47,13 +51,15 @@ def format_chat_spans(turns: Sequence[Any], tokenizer: Any = None) -> tuple[str,
     """
     messages = _as_messages(turns)
     if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, tokenize=False)
+        cue = {"add_generation_prompt": True} if add_generation_prompt else {}
+        text = tokenizer.apply_chat_template(messages, tokenize=False, **cue)
         if not isinstance(text, str):
             raise CorpusError(f"tokenizer.apply_chat_template returned {type(text).__name__}, expected str; pass a text tokenizer")
     else:
         if tokenizer is not None:
             log.info("tokenizer %s has no chat template; using the plain User/Assistant format", getattr(tokenizer, "name_or_path", "?"))
         text = "\n".join(f"{m['role'].capitalize()}: {m['content']}" for m in messages)
+        text += "\nAssistant:" if add_generation_prompt else ""
     spans, cursor = [], 0
     for m in messages:
         content = m["content"].strip()
@@ -83,15 +89,16 @@ def format_chat(turns: Sequence[Any], tokenizer: Any = None) -> str:
 
 
 def template_token_mask(offsets: Any, template_spans: Sequence[Mapping[str, int]]) -> np.ndarray:
-    """(T,) bool: True for tokens that hold no turn-content character (template tokens).
+    """(T,) bool: True for tokens that hold no turn-content character (template and added special tokens).
 
     ``offsets`` is the (T, 2) character range of each token. A token touching
     any content character is user text; with no template spans every token is
-    user text.
+    user text except those of no width: tokens the tokenizer added (a BOS at
+    offsets (0, 0), :mod:`splitinfer.tokens`), which hold no text and are public.
     """
     off = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)  # (T, 2)
     if not template_spans:
-        return np.zeros(len(off), dtype=bool)
+        return off[:, 1] <= off[:, 0]
     end = int(max(off[:, 1].max(initial=0), max(s["end"] for s in template_spans)))
     content = np.ones(end + 1, dtype=bool)  # per character
     for s in template_spans:

@@ -30,6 +30,7 @@ from typing import Any, Sequence
 from splitinfer.corpora.dedup import DEFAULT_FRACTIONS, SPLITS, normalise_text, plan_splits
 from splitinfer.corpora.registry import CorpusError, dist_version, resolve
 from splitinfer.corpora.sources import check_spans
+from splitinfer.tokens import encode_texts
 
 log = logging.getLogger(__name__)
 
@@ -162,13 +163,12 @@ def corpus_manifest(name: str, split: str | None = None, seed: int = 0, max_docs
 
 
 def count_tokens(dataset: Any, tokenizer: Any, batch_size: int = 256) -> int:
-    """Total number of tokens of ``dataset['text']`` under ``tokenizer`` (no special tokens)."""
+    """Total number of tokens of ``dataset['text']`` as ``tokenizer`` encodes them (:mod:`splitinfer.tokens`)."""
     from tqdm.auto import tqdm
 
     total = 0
     batches = dataset.select_columns(["text"]).iter(batch_size=batch_size)
     n_batches = -(-len(dataset) // batch_size)
     for batch in tqdm(batches, total=n_batches, desc="counting tokens", leave=False, disable=n_batches <= 1):
-        ids = tokenizer(list(batch["text"]), add_special_tokens=False)["input_ids"]
-        total += sum(len(x) for x in ids)
+        total += sum(len(enc) for enc in encode_texts(tokenizer, list(batch["text"])))
     return total

@@ -32,6 +32,7 @@ import torch
 
 from splitinfer.atomic import check_made_for
 from splitinfer.errors import SplitInferError
+from splitinfer.tokens import encode_text
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +154,7 @@ def corpus_sequences(tokenizer, corpora: Sequence[str], max_tokens: int, seq_len
     for name in corpora:
         budget = max_tokens // len(corpora)
         for text in load_corpus(name, "train", tokenizer=tokenizer)["text"]:
-            ids = tokenizer(text, add_special_tokens=False)["input_ids"][:seq_len]
+            ids = encode_text(tokenizer, text).ids[:seq_len]
             if len(ids) >= 2:
                 out.append(ids[:budget])
                 budget -= len(out[-1])

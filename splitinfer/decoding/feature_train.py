@@ -49,6 +49,7 @@ from tqdm import tqdm
 
 from splitinfer.decoding.feature_head import FeatureHead
 from splitinfer.errors import SplitInferError
+from splitinfer.tokens import encode_chat
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +90,7 @@ def chat_prompts(tokenizer, texts: list[str]) -> list[list[int]]:
     """Each text as one user turn in the model's chat template, ready for the assistant's answer."""
     out = []
     for text in texts:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                            tokenize=True, return_dict=False)
-        out.append(list(ids["input_ids"] if isinstance(ids, dict) else ids))
+        out.append(encode_chat(tokenizer, [{"role": "user", "content": text}]).ids)
     return out
 
 

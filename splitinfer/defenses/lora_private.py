@@ -27,6 +27,7 @@ import torch
 
 from splitinfer.defenses.base import DefenseError, register_defense
 from splitinfer.defenses.lora_random import HeadLora, copy_lora, lora_holder, with_head_layers
+from splitinfer.tokens import encode_texts
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ def train_adapter(loaded, depth: int, texts: Sequence[str], out: str | Path, *, 
     """Fit a LoRA adapter on the first ``depth`` layers to the user's texts; write it to ``out`` and return it."""
     from safetensors.torch import save_file
 
-    ids = [t for text in texts for t in loaded.tokenizer(text, add_special_tokens=False)["input_ids"]]
+    ids = [t for enc in encode_texts(loaded.tokenizer, list(texts)) for t in enc.ids]
     if len(ids) < seq_len + 1:
         raise DefenseError(f"lora-private: the training texts hold {len(ids)} tokens; give at least {seq_len + 1}")
     data = torch.tensor(ids[: len(ids) // seq_len * seq_len]).reshape(-1, seq_len)  # (S, seq_len)

@@ -279,3 +279,24 @@ def test_extract_depths_keys_taps_as_the_boundaries_were_given(tiny, corpus: str
     got = extract_depths(tiny, corpus, [head, tail, " head:2"], max_length=16, progress=False)
     assert list(got) == [head, tail, "head:2"]
     assert got[head].meta["boundary"] == "head:1" and got[tail].meta["depth"] == tiny.num_layers - 2
+
+
+def test_every_sequence_starts_with_the_tokenizers_bos_and_it_is_public(tiny, tmp_path: Path) -> None:
+    """With a BOS-adding tokenizer (Llama, Mistral, Gemma) each sequence the taps compute starts with the BOS, a
+    document's later sequences included, and the BOS is never scored as user text (before: no BOS anywhere)."""
+    from splitinfer.corpora import template_token_mask
+    from splitinfer.models import LoadedModel
+    from tests.splitinfer.test_tokens import llama_style_tokenizer
+
+    tok = llama_style_tokenizer()
+    loaded = LoadedModel(tiny.model, tok, "tiny-bos", tiny.sha256, None)
+    text = "Alice Example lives at 12 Main Street. " * 2
+    c = write_jsonl(tmp_path / "bos.jsonl", [{"doc_id": "d", "text": text}])
+    ts = extract_taps(loaded, c, "head:2", max_length=16, max_tokens=40, shard_tokens=64, progress=False)
+    (doc,) = list(ts.documents())
+    starts = np.cumsum([0] + doc.chunk_lengths[:-1])
+    assert all(doc.token_ids[s] == tok.bos_token_id for s in starts) and max(doc.chunk_lengths) <= 16
+    public = template_token_mask(doc.offsets, [])  # how scoring finds public positions (attacks/evaluate.py)
+    assert public.tolist() == [bool(i in set(starts.tolist())) for i in range(len(doc.token_ids))]
+    user = "".join(text[s:e] for (s, e), p in zip(doc.offsets, public) if not p)
+    assert text.startswith(user) and len(user) == sum(doc.chunk_lengths) - len(starts)

@@ -41,29 +41,3 @@ def test_hub_id_failure_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(models, "_from_dir", offline)
     with pytest.raises(SplitInferError, match="could not load 'no-such-org/no-such-model'"):
         load_model("no-such-org/no-such-model")
-
-
-class _Tok:
-    """A tokenizer that adds (or not) a BOS token when asked for special tokens."""
-
-    def __init__(self, bos, adds):
-        self.bos_token_id, self.adds = bos, adds
-
-    def __call__(self, text, add_special_tokens=True):
-        return {"input_ids": ([self.bos_token_id] if self.adds and add_special_tokens else []) + [7]}
-
-
-def test_a_tokenizer_that_puts_a_bos_first_is_flagged():
-    """Gemma 3's tokenizer adds its BOS (id 2) and the model needs it; SmolLM2's adds none. splitinfer tokenises
-    without special tokens, so such a model is flagged at load (perplexity 319 without BOS, 10.5 with)."""
-    from splitinfer.models import expects_bos
-
-    assert expects_bos(_Tok(2, True))
-    assert not expects_bos(_Tok(1, False))
-    assert not expects_bos(_Tok(None, False))
-
-
-def test_the_tiny_model_is_not_flagged(caplog):
-    with caplog.at_level("WARNING", logger="splitinfer.models"):
-        load_model("tiny-random")
-    assert "expects a BOS token" not in caplog.text

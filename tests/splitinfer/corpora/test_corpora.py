@@ -48,7 +48,9 @@ class FakeChatTokenizer:
         return "".join(f"<|{m['role']}|>{m['content']}\n" for m in messages)
 
     def __call__(self, texts, add_special_tokens=False):
-        return {"input_ids": [t.split() for t in texts]}
+        one = isinstance(texts, str)
+        ids = [[len(w) for w in t.split()] for t in ([texts] if one else texts)]  # one id per word
+        return {"input_ids": ids[0] if one else ids}
 
 
 # ---------------------------------------------------------------------------- splits
