@@ -32,9 +32,10 @@ WINDOW = ["--max-batch", "8", "--batch-window-ms", "300"]  # a long window: step
 @pytest.fixture(scope="module")
 def fp16_server(tiny_dir, tmp_path_factory):
     proc = ServerProcess(tiny_dir, "--dtype", "fp16", *WINDOW, log_dir=tmp_path_factory.mktemp("tenants"))
-    proc.wait_ready()
-    yield proc
-    proc.stop()
+    try:
+        yield proc.wait_ready()
+    finally:
+        proc.stop()
 
 
 def _forward(client: RawClient, sid: str, start: int, hidden: torch.Tensor):
@@ -108,7 +109,7 @@ def test_long_prefills_of_other_tenants_do_not_hold_up_single_token_steps(tiny_d
     """Finding 2: one scheduler thread ran everything in arrival order, so a victim's 1-token step waited for
     the other tenants' 4,096-token prefills (587 ms against 19.5 ms unbatched). Long steps now run beside the
     batches. Compared with the prefills' own duration, not with a fixed time (the machine is shared)."""
-    server = ServerProcess(tiny_dir, "--max-batch", "8", log_dir=tmp_path).wait_ready()
+    server = ServerProcess(tiny_dir, "--max-batch", "8", log_dir=tmp_path)
     stop = threading.Event()
     prefill_s: list[float] = []
 
@@ -126,6 +127,7 @@ def test_long_prefills_of_other_tenants_do_not_hold_up_single_token_steps(tiny_d
 
     tenants = [threading.Thread(target=tenant, args=(i,)) for i in range(3)]
     try:
+        server.wait_ready()
         victim, vs = _prefilled(server.url, seed=9)
         for t in tenants:
             t.start()
@@ -140,7 +142,8 @@ def test_long_prefills_of_other_tenants_do_not_hold_up_single_token_steps(tiny_d
     finally:
         stop.set()
         for t in tenants:
-            t.join(60)
+            if t.ident is not None:  # started
+                t.join(60)
         server.stop()
     assert statistics.median(step_s) < statistics.median(prefill_s) / 3, (step_s, prefill_s)
 
@@ -181,8 +184,9 @@ def test_the_bytes_held_for_all_connections_stay_within_the_budget(tiny_dir, tmp
     2-core machine: peak RSS +200 MiB (the unbudgeted server: +393 MiB; in-flight peak 28 against 123 MiB)."""
     frame_mb, budget_mb, conns = 8, 16, 16
     server = ServerProcess(tiny_dir, "--max-frame-mb", str(frame_mb), "--max-inflight-mb", str(budget_mb),
-                           "--stats-all", log_dir=tmp_path).wait_ready()
+                           "--stats-all", log_dir=tmp_path)
     try:
+        server.wait_ready()
         rows = (frame_mb * 2**20 - 4096) // (D * 4)  # refused (unknown session) after decoding
         body = encode_frame("forward", {"session": "0" * 16, "positions": [0]},
                             {"hidden": torch.zeros(1, rows, D)})
