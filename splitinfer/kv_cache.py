@@ -111,8 +111,9 @@ def attention_mask(
     new_positions: torch.Tensor,
     parents: Sequence[int] | None,
     sliding_window: int | None,
+    explicit: bool = False,
 ) -> torch.Tensor | None:
-    """Boolean (1, 1, T, S+T) mask, True = may attend; None when plain causal needs no mask.
+    """Boolean (1, 1, T, S+T) mask, True = may attend; None when plain causal needs no mask (never if ``explicit``).
 
     cache_positions: (S,) positions already cached; new_positions: (T,).
     Without ``parents`` the new tokens are a causal chain; with them, a token
@@ -120,7 +121,7 @@ def attention_mask(
     additionally hides keys whose position is ``>= window`` behind the query.
     """
     s, t = int(cache_positions.numel()), int(new_positions.numel())
-    if parents is None and sliding_window is None and (s == 0 or t == 1):
+    if parents is None and sliding_window is None and (s == 0 or t == 1) and not explicit:
         return None  # sdpa's own causal path, exactly as the unsplit model runs it
     if parents is None:
         new_block = torch.ones((t, t), dtype=torch.bool).tril()
@@ -131,3 +132,8 @@ def attention_mask(
         kv_pos = torch.cat([cache_positions, new_positions.cpu()])
         mask &= (new_positions.cpu()[:, None] - kv_pos[None, :]) < sliding_window
     return mask[None, None]
+
+
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Boolean mask (True = may attend) -> additive float mask (0 or the dtype's minimum), as eager attention adds."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)

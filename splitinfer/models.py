@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from splitinfer import atomic
+from splitinfer import atomic, families
 from splitinfer.errors import SplitInferError
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,9 @@ class LoadedModel:
     spec: str
     sha256: str  # over the state dict, see weights_sha256()
     weights_dir: Path | None  # directory holding config.json + safetensors, if any
+
+    def __post_init__(self) -> None:
+        families.prepare(self.model)  # refuse a family the runtime cannot split; normalise the rest
 
     @property
     def config(self):
@@ -268,9 +271,14 @@ def tiny_random_model(seed: int = 0, num_layers: int = 6, hidden_size: int = 64)
 def _from_dir(path: Path | str, dtype: torch.dtype, device: str, gguf_file: str | None = None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from transformers import AutoConfig
+
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     tok = AutoTokenizer.from_pretrained(path, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa", **kwargs)
+    config = AutoConfig.from_pretrained(path, **kwargs)
+    families.check_config(config)  # refuse before the weights load
+    attn = families.attn_implementation(config)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn, **kwargs)
     return model.to(device).eval(), tok
 
 

@@ -9,8 +9,9 @@
 Each part runs the model's own decoder-layer modules on a
 :class:`~splitinfer.kv_cache.PartKVCache` with explicit positions and masks,
 and computes its rotary embeddings from the positions itself: cos/sin never
-cross the wire. Works for the Llama/Mistral/Qwen2 family and Gemma 3 (whose
-sliding-window layers get a windowed mask and their own rotary base).
+cross the wire. Works for the families :mod:`splitinfer.families` lists as
+tested (sliding-window layers get a windowed mask, per-layer-type rotary
+embeddings their own base, eager attention an additive mask) and refuses the rest.
 
 A :class:`CloudBody` can be built from the body layers' tensors alone
 (:meth:`CloudBody.from_weights`), so the cloud process never holds the
@@ -28,8 +29,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from splitinfer import families
 from splitinfer.errors import SplitInferError
-from splitinfer.kv_cache import PartKVCache, attention_mask
+from splitinfer.kv_cache import PartKVCache, additive_mask, attention_mask
 
 
 @dataclass(frozen=True)
@@ -120,11 +122,13 @@ class LayerStack(nn.Module):
         given = masks
         masks = {}
         rope: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        eager = getattr(self.config, "_attn_implementation", None) == "eager"  # adds its mask to the scores
         for kind in set(self.layer_types):
             window = self.sliding_window if kind == "sliding_attention" else None
             mask = given[kind] if given is not None else attention_mask(cache.positions, positions.cpu(), parents,
-                                                                         window)
-            masks[kind] = None if mask is None else mask.to(hidden.device)
+                                                                         window, explicit=eager)
+            mask = None if mask is None else mask.to(hidden.device)
+            masks[kind] = additive_mask(mask, hidden.dtype) if eager and mask is not None else mask
             if self._rotary_takes_type:
                 rope[kind] = self.rotary_emb(hidden, position_ids, kind)
             else:
@@ -142,13 +146,8 @@ class LayerStack(nn.Module):
 
 
 def _parts(model: nn.Module):
-    base = getattr(model, "model", None)
-    if base is None or not hasattr(base, "layers") or not hasattr(base, "embed_tokens"):
-        raise SplitInferError(
-            f"cannot split a {type(model).__name__}: expected a decoder-only *ForCausalLM with "
-            "model.embed_tokens, model.layers, model.norm and lm_head"
-        )
-    return base
+    """``model.model`` of a family the runtime splits exactly (see :mod:`splitinfer.families`; refuses others)."""
+    return families.prepare(model).model
 
 
 class LocalHead(LayerStack):
@@ -190,7 +189,7 @@ class CloudBody(LayerStack):
 
         weights_dir = Path(weights_dir)
         config = AutoConfig.from_pretrained(weights_dir)
-        config._attn_implementation = "sdpa"
+        config._attn_implementation = families.attn_implementation(config)
         with torch.device("meta"):
             skeleton = AutoModelForCausalLM.from_config(config)
         base = _parts(skeleton)
@@ -263,8 +262,8 @@ class LocalTail(LayerStack):
         return (logits, final) if return_final else logits
 
     def logits(self, final: torch.Tensor) -> torch.Tensor:
-        """Final normed states (..., d) -> logits (..., V) in fp32 (LM head, then any soft-capping)."""
-        logits = self.lm_head(final).float()
+        """Final normed states (..., d) -> logits (..., V) in fp32 (LM head, the family's scaling, soft-capping)."""
+        logits = families.scale_logits(self.config, self.lm_head(final)).float()
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits

@@ -24,7 +24,12 @@ import torch
 
 from splitinfer.defenses.base import Defense, DefenseError, register_defense
 
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# The decoder layers' linear maps, by the names the tested families give them (splitinfer.families): Llama-style
+# q/k/v/o and gate/up/down, fused qkv_proj and gate_up_proj (Phi-3, GLM-4), c_fc/c_proj (StarCoder2's MLP),
+# and DeepSeek's latent attention (q_a/q_b, kv_a/kv_b). MoE experts held as fused 3-D parameters (Mixtral,
+# Qwen-MoE, DeepSeek in transformers 5) and routers are not linear modules and stay untouched.
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj", "gate_up_proj",
+           "c_fc", "c_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")
 
 
 def lora_holder(layers: torch.nn.ModuleList, rank: int, random_b: bool = False) -> torch.nn.Module:
