@@ -43,6 +43,9 @@ differently, so states differ from the unbatched ones by float32 noise
 implementation is per model config, so packed forwards must not run
 concurrently with each other (the scheduler runs one at a time; unbatched
 forwards running meanwhile on other threads go to the model's own kernel).
+A model whose own attention is ``eager`` (not in transformers' attention registry)
+gets sdpa per session with boolean masks in a packed forward: float noise against its
+unbatched eager forward, no leak between sessions.
 """
 
 from __future__ import annotations
