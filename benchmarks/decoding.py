@@ -49,6 +49,7 @@ import torch
 from tqdm import tqdm
 
 from benchmarks.prompts import PROMPTS, humaneval_prompts
+from benchmarks.refs_file import save_refs
 from splitinfer import atomic, batch_invariant
 from splitinfer.client import SplitModel, eos_ids
 from splitinfer.decoding.base import DecodingEnv, make_proposer
@@ -241,7 +242,7 @@ def run_decoding_bench(
     t_start = time.perf_counter()
     bench.reference()
     if refs_out:  # for offline tuning by replay (benchmarks.decoding_tune --refs)
-        torch.save(bench.references(), refs_out)
+        save_refs(bench.references(), refs_out)
     results_peers = _peers(bench) if peers else {}
     checks: dict = {}
     full = subset_prompts >= max(len(ps) for ps in prompts.values())

@@ -27,6 +27,7 @@ import torch
 from benchmarks.decoding import CPU80, FLAT80, HF_PROMPT_LOOKUP
 from benchmarks.decoding_peers import PROMPT_LOOKUP_TOKENS, prompt_lookup_runs
 from benchmarks.prompts import PROMPTS, humaneval_prompts
+from benchmarks.refs_file import load_refs, save_refs
 from splitinfer.decoding.base import DecodingEnv, make_proposer
 from splitinfer.decoding.replay import replay, top_tokens_of
 
@@ -197,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         from splitinfer.models import load_model
 
         sm = SplitModel(load_model("default"), "2,2", wire_dtype="fp32")
-        torch.save(build_refs(sm, args.humaneval, args.max_new_tokens, args.peers, args.prompt_split), path)
-    data = torch.load(path, weights_only=False)
+        save_refs(build_refs(sm, args.humaneval, args.max_new_tokens, args.peers, args.prompt_split), path)
+    data = load_refs(path)
     cats = list(dict.fromkeys(r["category"] for r in data["refs"]))  # project prompts or a held-out split
     from splitinfer.models import load_model
 

@@ -11,6 +11,7 @@ when the suite is loaded, so its tables may name their components.
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ else:  # pragma: no cover
 
 SUITES_DIR = Path(__file__).parent / "suites"
 
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # a suite's name becomes a folder under reports/
 TOP_KEYS = {"name": str, "description": str, "model": str, "seed": int, "dtype": str, "device": str, "plugins": list}
 
 
@@ -93,6 +95,9 @@ def load_suite(name_or_path: str) -> Suite:
     for key in ("name", "model"):
         if key not in top:
             raise SplitInferError(f"{path}: missing top-level key {key!r}")
+    if not NAME_RE.fullmatch(top["name"]):
+        raise SplitInferError(f"{path}: name {top['name'][:80]!r} must be a plain identifier (letters, digits, '_' "
+                              "and '-', at most 64, no path separators or dots): it names the report's folder")
     plugins = top.get("plugins", [])
     if not all(isinstance(p, str) and p for p in plugins):
         raise SplitInferError(f"{path}: plugins must list module names or .py paths, got {plugins!r}")

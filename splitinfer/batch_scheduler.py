@@ -12,14 +12,36 @@ OSDI 2022; here at the granularity of whole body steps).
 **The window.** The scheduler waits up to ``window_ms`` for more steps,
 counted from the arrival of the oldest pending step or from the end of the
 previous forward, whichever is later, but stops as soon as as many steps are
-pending as there are connections with open sessions (each connection has at
-most one request in flight), capped at ``max_batch``. Counting from the end
-of the previous forward lets the sessions just answered send their next step
-and join the steps that queued during that forward; counting only from the
-oldest arrival split 8 lockstep sessions into two alternating half batches
-(measured: 4 steps per forward; ``reports/server_batching``). A single client therefore never
-waits; a client that opened several sessions on one connection and uses
-only one waits at most the window per step.
+pending as there are callers it expects (``active_callers``; the service
+counts connections with a forward in flight plus those answered less than
+the window ago, which are likely to send their next step within it), capped
+at ``max_batch``. Counting from the end of the previous forward lets the
+sessions just answered send their next step and join the steps that queued
+during that forward; counting only from the oldest arrival split 8 lockstep
+sessions into two alternating half batches (measured: 4 steps per forward;
+``reports/server_batching``). A connection that holds a session but sends
+nothing is not expected, so it costs nobody the window (issue 30, finding 4:
+one idle session raised a victim's p50 from 2.2 to 303.6 ms at a 300 ms
+window when open sessions were counted).
+
+**Fairness.** A step of more than ``max_step_rows`` rows (a long prefill, a
+large draft tree) does not enter the batching path: it runs on the caller's
+own thread beside the batches, exactly as on the unbatched server, so a
+4,096-token prefill cannot hold up every other tenant's single-token steps
+for its whole duration (issue 30, finding 2). The batching path then holds
+only small steps, served oldest first; each connection has at most one
+request in flight (the server answers a connection's frames in order), so
+oldest-first is round robin over the connections. Deviation from Orca and
+vLLM: long prompts are not chunked into the batches; they share the cores
+with the batching thread through the OS scheduler, as the unbatched server's
+workers do.
+
+**Isolation.** Every step's output and the KV entries it appended are
+checked for NaN/Inf after its forward (packed or not); a step that fails is
+refused (its caller rolls its cache back) while the other steps of the same
+packed forward get their results. Attention is per session
+(:mod:`splitinfer.packed_body`), so one session's values never enter
+another's arithmetic.
 
 **Exactness.** A batch of one step runs ``body(...)`` exactly as the
 unbatched server does. If a packed forward raises (e.g. one session's cache
@@ -54,6 +76,7 @@ class BatchConfig:
     max_batch: int = 16
     window_ms: float = 5.0
     max_rows: int = 512
+    max_step_rows: int = 128  # a larger step runs beside the batches, on its caller's thread (fairness)
 
     def validate(self) -> None:
         if self.max_batch < 1:
@@ -62,6 +85,8 @@ class BatchConfig:
             raise SplitInferError(f"--batch-window-ms {self.window_ms:g}: must be in [0, 1000]")
         if self.max_rows < 1:
             raise SplitInferError(f"max_rows {self.max_rows}: must be >= 1")
+        if self.max_step_rows < 1:
+            raise SplitInferError(f"max_step_rows {self.max_step_rows}: must be >= 1")
 
 
 @dataclass
@@ -99,11 +124,18 @@ class BatchScheduler:
 
     # ---------------------------------------------------------------- callers
     def run(self, step: BodyStep) -> StepResult:
-        """Compute ``step`` (appending to its cache); raise what its forward raised."""
-        if self.config.max_batch == 1:
+        """Compute ``step`` (appending to its cache); raise what its forward raised.
+
+        A step whose output or new KV entries are not finite raises :class:`SplitInferError`
+        (the caller crops the cache back).
+        """
+        if self.config.max_batch == 1 or step.rows > min(self.config.max_step_rows, self.config.max_rows):
+            base = len(step.cache)
             t0 = time.perf_counter()
             out = self.body(step.hidden, step.positions, step.cache, step.parents)
-            return StepResult(out, time.perf_counter() - t0, 0.0, 1)
+            compute_s = time.perf_counter() - t0
+            _raise_unless_finite(step, out, base)
+            return StepResult(out, compute_s, 0.0, 1)
         item = _Pending(step)
         with self._cv:
             if self._closed:
@@ -171,8 +203,8 @@ class BatchScheduler:
 
     def _execute(self, batch: list[_Pending]) -> None:
         self.counts["forwards"] += 1
+        bases = [len(item.step.cache) for item in batch]
         if len(batch) > 1:
-            bases = [len(item.step.cache) for item in batch]
             t0 = time.perf_counter()
             try:
                 outs = run_packed(self.body, [item.step for item in batch])
@@ -184,17 +216,32 @@ class BatchScheduler:
                 self.counts["fallbacks"] += 1
             else:
                 compute_s = time.perf_counter() - t0
-                for item, out in zip(batch, outs):
+                for item, out, base in zip(batch, outs, bases):
                     item.out, item.compute_s, item.batch = out, compute_s, len(batch)
+                    try:
+                        _raise_unless_finite(item.step, out, base)
+                    except SplitInferError as e:
+                        item.error = e  # this session alone; the caller crops its cache back
                     self.counts["steps"] += 1
                     item.done.set()
                 return
-        for item in batch:  # one step, or the packed forward failed: each on its own, like the unbatched server
+        for item, base in zip(batch, bases):  # one step, or the packed forward failed: each on its own
             t0 = time.perf_counter()
             try:
                 item.out = self.body(item.step.hidden, item.step.positions, item.step.cache, item.step.parents)
+                _raise_unless_finite(item.step, item.out, base)
             except Exception as e:
                 item.error = e
             item.compute_s = time.perf_counter() - t0
             self.counts["steps"] += 1
             item.done.set()
+
+
+def _raise_unless_finite(step: BodyStep, out: torch.Tensor, base: int) -> None:
+    """Raise SplitInferError when ``out`` (1, T, d) or the KV entries ``step`` appended after ``base`` hold NaN/Inf."""
+    cache = step.cache
+    parts = [out] + [t[:, :, base:] for d in (cache.keys, cache.values) for t in d.values()]  # (1, H_kv, T, D_h)
+    if all(bool(torch.isfinite(t).all()) for t in parts):
+        return
+    raise SplitInferError("the body's result for this step holds NaN or Inf values (its values overflow the "
+                          "body's dtype); the step was refused and the session's cache left as it was before it")

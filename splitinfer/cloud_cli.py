@@ -69,6 +69,7 @@ def cmd_serve(args) -> int:
         close_timeout_s=args.close_timeout_s, workers=args.workers, tls_cert=args.tls_cert, tls_key=args.tls_key,
         max_pending=args.max_pending, hello_max_bytes=int(args.hello_max_kb * 1024),
         connection_idle_s=args.connection_idle_s, message_timeout_s=args.message_timeout_s,
+        max_inflight_bytes=None if args.max_inflight_mb is None else int(args.max_inflight_mb * 2**20),
     )
     config.validate()  # before loading anything: refuse a bad or unsafe setup at once
     BatchConfig(max_batch=args.max_batch, window_ms=args.batch_window_ms).validate()
@@ -197,6 +198,9 @@ def register(sub) -> None:
     s.add_argument("--max-context", type=int, default=4096, help="tokens per session")
     s.add_argument("--idle-timeout-s", type=float, default=300.0, help="drop sessions idle this long")
     s.add_argument("--max-frame-mb", type=float, default=64.0, help="largest frame accepted, in MiB")
+    s.add_argument("--max-inflight-mb", type=float, default=None,
+                   help="request bytes held at once over all connections, in MiB; beyond it the server stops "
+                        "reading until replies go out (default: a sixteenth of physical memory)")
     s.add_argument("--hello-timeout-s", type=float, default=5.0, help="drop connections without a hello this long")
     s.add_argument("--open-timeout-s", type=float, default=10.0, help="limit on the TLS + WebSocket handshake")
     s.add_argument("--ping-interval-s", type=float, default=20.0, help="keepalive ping period")

@@ -51,6 +51,7 @@ from websockets.exceptions import ConnectionClosed
 
 from splitinfer.body_loader import body_inventory, load_body, make_service  # noqa: F401 (re-exported)
 from splitinfer.errors import ProtocolError
+from splitinfer.inflight import InflightBudget, default_limit_bytes
 from splitinfer.protocol import Limits, decode_frame, error_frame, short
 from splitinfer.server_config import ServerConfig, check_device, is_loopback  # noqa: F401 (re-exported)
 from splitinfer.session import BodyService
@@ -69,20 +70,57 @@ def _rss_bytes() -> int:
 
 
 class TimedConnection(ServerConnection):
-    """A server connection that knows since when an incoming message has been arriving (None: none is)."""
+    """A server connection that knows since when an incoming message has been arriving (None: none is),
+    and whose received bytes count against the server's :class:`~splitinfer.inflight.InflightBudget`."""
+
+    budget: InflightBudget | None = None  # set by BodyServer before it serves
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.message_since: float | None = None
         self._event = False
+        self._paused_by = set()  # "websockets" (its own queue is full) and/or "budget"
+        self.charged = False  # logged in: its bytes count (before, its frames are limited to --hello-max-kb)
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self.recv_messages.pause = lambda: self._pause("websockets")
+        self.recv_messages.resume = lambda: self._resume("websockets")
+
+    def _pause(self, who: str) -> None:
+        if not self._paused_by and self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+        self._paused_by.add(who)
+
+    def _resume(self, who: str) -> None:
+        self._paused_by.discard(who)
+        if not self._paused_by and self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def budget_pause(self) -> None:
+        self._pause("budget")
+
+    def budget_resume(self) -> None:
+        self._resume("budget")
+
+    def quiet(self) -> bool:
+        """Nothing partly received and nothing queued: every byte received so far has been answered."""
+        return self.message_since is None and not len(self.recv_messages.frames)
 
     def data_received(self, data: bytes) -> None:
+        if self.charged:
+            self.budget.charge(self, len(data))
         if self.message_since is None:
             self.message_since = time.monotonic()
         self._event = False
         super().data_received(data)
         if self._event and not self.protocol.reader.buffer and self.protocol.current_size is None:
             self.message_since = None  # every byte received so far belongs to complete frames and messages
+
+    def connection_lost(self, exc) -> None:
+        if self.charged:
+            self.budget.forget(self)
+        super().connection_lost(exc)
 
     def process_event(self, event) -> None:
         self._event = True
@@ -106,12 +144,16 @@ class BodyServer:
         self._hello_limits = Limits(max_frame_bytes=config.hello_max_bytes,
                                     max_header_bytes=min(config.hello_max_bytes, Limits().max_header_bytes))
         self.url: str | None = None
+        self.budget = InflightBudget(config.max_inflight_bytes or default_limit_bytes(
+            service.limits.frame.max_frame_bytes))
         service.extra_stats = self._extra_stats
 
     def _extra_stats(self, everyone: bool) -> dict:
         if not everyone:
             return dict(self._inventory)
         return {"connections": self.connections, "pending": len(self._pending), "rss_bytes": _rss_bytes(),
+                "inflight_bytes": self.budget.used, "inflight_peak_bytes": self.budget.peak,
+                "inflight_limit_bytes": self.budget.limit,
                 "uptime_s": round(time.monotonic() - self._started, 3), **self._inventory}
 
     async def serve(self, stop: asyncio.Event, on_ready: Callable[[str], None] | None = None) -> None:
@@ -120,7 +162,7 @@ class BodyServer:
         ctx = cfg.ssl_context()
         async with serve(
             self._handler, cfg.host, cfg.port, ssl=ctx, compression=None, server_header=None,
-            max_size=cfg.hello_max_bytes, max_queue=2, create_connection=TimedConnection,
+            max_size=cfg.hello_max_bytes, max_queue=2, create_connection=self._connection_class(),
             open_timeout=cfg.open_timeout_s, ping_interval=cfg.ping_interval_s, ping_timeout=cfg.ping_timeout_s,
             close_timeout=cfg.close_timeout_s,
         ) as server:
@@ -135,6 +177,10 @@ class BodyServer:
             reaper.cancel()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self.service.scheduler.close()
+
+    def _connection_class(self) -> type[TimedConnection]:
+        """TimedConnection bound to this server's byte budget."""
+        return type("BudgetedConnection", (TimedConnection,), {"budget": self.budget})
 
     async def _reap(self) -> None:
         period = max(0.05, min(self.service.limits.idle_timeout_s / 4, 5.0))
@@ -164,6 +210,7 @@ class BodyServer:
             return
         self.connections += 1
         ws.protocol.max_message_size = self.service.limits.frame.max_frame_bytes + FRAME_SLACK_BYTES
+        ws.charged = True
         log.info("connection %d from %s logged in", conn, ws.remote_address)
         state = {"busy": False, "since": time.monotonic()}
         watchdog = asyncio.create_task(self._watch(ws, conn, state))
@@ -174,11 +221,17 @@ class BodyServer:
                     reply = error_frame("got a text message; the protocol uses binary frames")
                 else:
                     state["busy"] = True
+                    self.budget.start()
                     try:
                         reply = await loop.run_in_executor(self._pool, self.service.handle, message, conn)
                     finally:
                         state["busy"] = False
+                        self.budget.finish()
                 await ws.send(reply)
+                self.budget.release(ws, len(message))  # answered: its bytes go back to the budget
+                del message, reply
+                if ws.quiet():  # every byte it sent has been answered (control frames too)
+                    self.budget.release(ws)
         except ConnectionClosed:
             pass
         finally:

@@ -47,6 +47,7 @@ class ServerConfig:
     ping_timeout_s: float = 20.0
     close_timeout_s: float = 5.0
     workers: int = 4
+    max_inflight_bytes: int | None = None  # request bytes held at once, all connections (None: RAM / 16)
     tls_cert: str | None = None
     tls_key: str | None = None
 
@@ -63,6 +64,8 @@ class ServerConfig:
         for name in ("max_connections", "max_pending", "workers"):
             if getattr(self, name) < 1:
                 raise SplitInferError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.max_inflight_bytes is not None and self.max_inflight_bytes < 2**20:
+            raise SplitInferError("--max-inflight-mb must be >= 1")
         if self.hello_max_bytes < 1024:
             raise SplitInferError("--hello-max-kb must be >= 1")
         for name in ("hello_timeout_s", "open_timeout_s", "ping_interval_s", "ping_timeout_s", "close_timeout_s",

@@ -86,6 +86,8 @@ class BodyService:
         self.limits = limits
         self.sessions: dict[str, BodySession] = {}
         self.last_work: dict[object, float] = {}  # owner -> monotonic time of its last real work
+        self._in_flight: dict[object, int] = {}  # owner -> forwards it has in flight
+        self._answered: dict[object, float] = {}  # owner -> monotonic time its last forward was answered
         self._lock = threading.Lock()
         self._stats_lock = threading.Lock()
         self.stats = {"requests": 0, "errors": 0, "forwards": 0, "tokens": 0, "sessions_opened": 0}
@@ -94,7 +96,7 @@ class BodyService:
         self.dtype, self.device = param.dtype, param.device
         if bi.is_enabled(body):  # packed forwards stay within the rows the kernels were probed for
             batch = replace(batch, max_rows=min(batch.max_rows, bi.MAX_ROWS))
-        self.scheduler = BatchScheduler(body, batch, self._active_owners)
+        self.scheduler = BatchScheduler(body, batch, self._expected_callers)
 
     @property
     def body(self) -> CloudBody:
@@ -105,9 +107,24 @@ class BodyService:
     def body(self, body: CloudBody) -> None:
         self.scheduler.body = body
 
-    def _active_owners(self) -> int:
-        """Callers that may have a forward in flight: owners with open sessions (one request each at a time)."""
-        return len({s.owner for s in list(self.sessions.values())})
+    def _expected_callers(self) -> int:
+        """Owners whose step the batch scheduler may wait for: a forward in flight, or one answered less than
+        the batch window ago (likely to send the next within it). An owner that holds a session and sends
+        nothing is not counted, so it makes nobody wait the window (issue 30, finding 4)."""
+        recent = time.monotonic() - self.scheduler.config.window_ms / 1e3
+        with self._stats_lock:
+            owners = {o for o, n in self._in_flight.items() if n > 0}
+            owners |= {o for o, t in self._answered.items() if t >= recent}
+        return len(owners)
+
+    def _track(self, owner, delta: int) -> None:
+        with self._stats_lock:
+            n = self._in_flight.get(owner, 0) + delta
+            if n > 0:
+                self._in_flight[owner] = n
+            else:
+                self._in_flight.pop(owner, None)
+                self._answered[owner] = time.monotonic()
 
     def set_defense(self, defense: DefensePipeline) -> None:
         """The defense whose cloud side this service runs (decode_up / encode_down); announced at hello."""
@@ -208,6 +225,13 @@ class BodyService:
         return keep["prefix"], keep["accepted"]
 
     def _op_forward(self, frame, owner=None):
+        self._track(owner, +1)
+        try:
+            return self._forward(frame, owner)
+        finally:
+            self._track(owner, -1)
+
+    def _forward(self, frame, owner=None):
         f = frame.fields
         s = self._session(f["session"], owner)
         hidden = self.defense.decode_up(frame.tensors, self.info.hidden_size)
@@ -246,8 +270,13 @@ class BodyService:
             if keep is not None:
                 s.cache.keep(*keep)
             t0 = time.perf_counter()
-            step = BodyStep(hidden.to(self.device, self.dtype), torch.tensor(positions, dtype=torch.long), s.cache,
-                            parents)
+            cast = hidden.to(self.device, self.dtype)
+            if cast.dtype != hidden.dtype and not bool(torch.isfinite(cast).all()):  # finite, but not in this dtype
+                raise ProtocolError(
+                    f"hidden holds values beyond the range of the body's dtype {str(self.dtype).removeprefix('torch.')}"
+                    f" (largest finite {torch.finfo(self.dtype).max:.4g}); send hidden states of a real forward"
+                )
+            step = BodyStep(cast, torch.tensor(positions, dtype=torch.long), s.cache, parents)
             try:
                 done = self.scheduler.run(step)  # alone, or packed with other sessions' steps
             except BaseException:
@@ -260,7 +289,7 @@ class BodyService:
         self._count(forwards=1, tokens=len(positions))
         reply = self.defense.encode_down(out, positions, s.number)
         fields = {"session": f["session"], "length": len(s.cache)}
-        if self.scheduler.config.max_batch > 1:
+        if self.scheduler.config.max_batch > 1 and self.limits.stats_all:  # other tenants' activity: operator only
             fields["batch"] = done.batch  # steps in the forward that computed this one
         return "result", fields, reply, compute_s
 
@@ -319,6 +348,8 @@ class BodyService:
             for sid in mine:
                 del self.sessions[sid]
             self.last_work.pop(owner, None)
+        with self._stats_lock:
+            self._answered.pop(owner, None)
         return len(mine)
 
     def expire_idle(self) -> int:

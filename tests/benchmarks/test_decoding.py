@@ -78,7 +78,9 @@ def test_humaneval_and_subset_runs_replay_the_rest(monkeypatch, tmp_path):
 
     from benchmarks.decoding_tune import replay_config, table_row
 
-    refs = torch.load(tmp_path / "refs.pt", weights_only=False)  # decoding_tune's replays reproduce the bench's
+    from benchmarks.refs_file import load_refs
+
+    refs = load_refs(tmp_path / "refs.pt")  # decoding_tune's replays reproduce the bench's (no pickle: issue 30)
     assert len(refs["refs"]) == 10 and len(refs["refs"][0]["output"]) == runs["sequential"][0]["tokens"]
     per = replay_config(refs, "suffix", {}, {"code"})  # the code prompts come first: the same suffix history
     assert per["code"] == [(r["tokens"], len(r["steps"])) for r in runs["suffix"][:2]]

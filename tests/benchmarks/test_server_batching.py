@@ -22,6 +22,8 @@ def test_bench_batching_counts_the_replayed_tokens_server_side(tiny, tmp_path, c
         k = row["sessions"]
         assert row["body_tokens"] == sum(decode[i % len(decode)] for i in range(k)), row  # the server's own count
         assert row["kv_bytes_per_session"] > 0 and row["max_abs_diff"] < 1e-3
+        best = max(r["body_tok_s"] for r in doc["data"]["rows"] if r["mode"] == "unbatched")
+        assert row["speedup_vs_best_unbatched"] == row["body_tok_s"] / best  # against its best concurrency
     assert doc["results"]["batching/mode=unbatched/rtt=0/sessions=3"]["speedup"]["value"] == 1.0
     assert "batching/mode=batched/rtt=0/sessions=3" in doc["results"]
 

@@ -23,6 +23,9 @@ def test_unknown_suite_lists_known():
         ('name = "x"\nmodel = "tiny-random"\n[speed]\ntokens = "many"\n', "tokens must be int"),
         ('model = "tiny-random"\n', "missing top-level key 'name'"),
         ('name = "x\n', "not valid TOML"),
+        ('name = "../../escaped-suite"\nmodel = "tiny-random"\n', "must be a plain identifier"),  # issue 30
+        ('name = "/tmp/x"\nmodel = "tiny-random"\n', "must be a plain identifier"),
+        ('name = ""\nmodel = "tiny-random"\n', "must be a plain identifier"),
     ],
 )
 def test_bad_suite_files(tmp_path, text, message):
@@ -30,3 +33,12 @@ def test_bad_suite_files(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(SplitInferError, match=message):
         load_suite(str(path))
+
+
+def test_validate_refuses_a_name_that_leaves_reports(tmp_path):
+    """Issue 30, finding 7: ``bench run --suite FILE`` wrote to reports/<name>, and ``bench validate`` said ok."""
+    from splitinfer.cli import main
+
+    path = tmp_path / "escape.toml"
+    path.write_text('name = "../../escaped-suite"\nmodel = "tiny-random"\n[speed]\n')
+    assert main(["bench", "validate", str(path)]) == 2

@@ -96,6 +96,56 @@ def test_a_failing_session_does_not_corrupt_the_others(body):
     scheduler.close()
 
 
+def test_a_session_whose_result_overflows_is_refused_alone(body):
+    """Issue 30, finding 1: a step whose output or new KV is NaN/Inf (its cache overflowed) is refused; the
+    other steps of the same packed forward keep their results (before: NaN for everyone, no error)."""
+    scheduler = BatchScheduler(body, BatchConfig(max_batch=8, window_ms=LONG), lambda: 3)
+    steps = [_step(body, 3, 1, 0), _step(body, 4, 1, 1), _step(body, 5, 1, 2)]
+    for k in steps[1].cache.keys:  # the middle session's cache already holds an overflow
+        steps[1].cache.keys[k][..., 0] = float("inf")
+    results, errors = _run_all(scheduler, steps)
+    assert isinstance(errors[1], SplitInferError) and "NaN or Inf" in str(errors[1])
+    assert errors[0] is None and errors[2] is None and results[0].batch == 3
+    for i, (c, r) in ((0, (3, 1)), (2, (5, 1))):
+        alone = _step(body, c, r, i)
+        assert torch.equal(results[i].out, body(alone.hidden, alone.positions, alone.cache))
+    scheduler.close()
+
+
+class _Gate(torch.nn.Module):
+    """A body whose forwards of more than one row wait for ``release`` (a long prefill, held)."""
+
+    def __init__(self, body):
+        super().__init__()
+        self.inner, self.release, self.entered = body, threading.Event(), threading.Event()
+
+    def forward(self, hidden, positions, cache, parents=None):
+        if hidden.shape[1] > 1:
+            self.entered.set()
+            assert self.release.wait(30)
+        return self.inner(hidden, positions, cache, parents)
+
+
+def test_a_long_step_runs_beside_the_batches_not_ahead_of_them(body):
+    """Issue 30, finding 2: a step of more than max_step_rows rows must not hold the batching thread (before,
+    a victim's single-token step waited for every long prefill queued ahead of it)."""
+    gate = _Gate(body)
+    scheduler = BatchScheduler(gate, BatchConfig(max_batch=8, window_ms=0, max_step_rows=4), lambda: 2)
+    long_done = []
+    t = threading.Thread(target=lambda: long_done.append(scheduler.run(_step(body, 0, 8, 0))))
+    t.start()
+    assert gate.entered.wait(30)
+    small = threading.Thread(target=lambda: long_done.append(scheduler.run(_step(body, 2, 1, 1)).batch))
+    small.start()
+    small.join(10)
+    finished_first = not small.is_alive()
+    gate.release.set()
+    t.join(30)
+    small.join(30)
+    assert finished_first and long_done[0] == 1  # the small step was answered while the long one was held
+    scheduler.close()
+
+
 def test_unbatched_runs_in_the_callers_thread(body):
     scheduler = BatchScheduler(body, BatchConfig(max_batch=1), lambda: 4)
     step, alone = _step(body, 3, 2, 0), _step(body, 3, 2, 0)

@@ -10,7 +10,7 @@ import torch
 from splitinfer import batch_invariant as bi
 from splitinfer.decoding.tree import depths
 from splitinfer.kv_cache import PartKVCache
-from splitinfer.packed_body import BodyStep, packed_mask, run_packed
+from splitinfer.packed_body import PACKED_ATTENTION, BodyStep, run_packed
 from splitinfer.partition import SplitConfig, split_model
 
 PREFIX = [5, 9, 1, 0]  # cached positions per session (0: a prefill in the same batch)
@@ -61,17 +61,30 @@ def test_packed_forward_matches_one_forward_per_session(bodies, kernels):
             assert (a - p).abs().max() < 1e-4
 
 
-def test_mask_is_block_diagonal_and_each_block_is_the_sessions_own(bodies):
-    steps = _sessions(bodies["default"], 1)
-    mask = packed_mask(steps, None)[0, 0]  # (sum T, sum S+T)
-    assert mask.shape == (sum(r for r, _ in STEPS), sum(PREFIX) + sum(r for r, _ in STEPS))
-    row = col = 0
-    for cached, (rows, parents) in zip(PREFIX, STEPS):
-        block = mask[row:row + rows, col:col + cached + rows]
-        assert block[:, :cached].all()  # the whole cache
-        if parents is None:
-            assert torch.equal(block[:, cached:], torch.ones(rows, rows, dtype=torch.bool).tril())
-        else:  # the tree: node 3's parent is node 1, whose parent is the root
-            assert block[3, cached:].tolist() == [True, True, False, True]
-        assert not mask[row:row + rows, :col].any() and not mask[row:row + rows, col + cached + rows:].any()
-        row, col = row + rows, col + cached + rows
+def test_one_sessions_overflow_never_reaches_another(bodies):
+    """Issue 30, finding 1: a session whose cache holds Inf (an fp16 overflow) must not turn the others' rows
+    into NaN. With the old block-diagonal mask over all sessions' keys, 0 x Inf/NaN reached every row."""
+    body = bodies["default"]
+    alone = [body(s.hidden, s.positions, s.cache, s.parents) for s in _sessions(body, 2)]
+    steps = _sessions(body, 2)
+    poisoned = steps[1].cache
+    for layer in poisoned.keys:  # as if an earlier step had overflowed in this session alone
+        poisoned.keys[layer] = torch.full_like(poisoned.keys[layer], float("inf"))
+        poisoned.values[layer] = torch.full_like(poisoned.values[layer], float("nan"))
+    packed = run_packed(body, steps)
+    assert not torch.isfinite(packed[1]).all()  # the poisoned session itself
+    for i in (0, 2, 3):
+        assert torch.isfinite(packed[i]).all()
+        assert (packed[i] - alone[i]).abs().max() < 1e-4
+
+
+def test_packed_attention_is_switched_off_after_the_forward_even_on_error(bodies):
+    body = bodies["default"]
+    before = body.config._attn_implementation
+    run_packed(body, _sessions(body, 3))
+    assert body.config._attn_implementation == before != PACKED_ATTENTION
+    steps = _sessions(body, 3)
+    steps[0].cache.max_len = 1  # refuses to grow: the forward raises midway
+    with pytest.raises(Exception, match="exceeds"):
+        run_packed(body, steps)
+    assert body.config._attn_implementation == before

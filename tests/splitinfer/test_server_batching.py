@@ -29,11 +29,13 @@ def servers(tiny_dir, tmp_path_factory):
     procs = {"batched": ServerProcess(tiny_dir, *BATCH, log_dir=tmp),
              "bi-batched": ServerProcess(tiny_dir, "--batch-invariant", *BATCH, log_dir=tmp),
              "bi-unbatched": ServerProcess(tiny_dir, "--batch-invariant", "--max-batch", "1", log_dir=tmp)}
-    for p in procs.values():
-        p.wait_ready()
-    yield procs
-    for p in procs.values():
-        p.stop()
+    try:  # a server that is slow to start must not outlive the run (it did: 3 orphans after a timeout)
+        for p in procs.values():
+            p.wait_ready()
+        yield procs
+    finally:
+        for p in procs.values():
+            p.stop()
 
 
 def _script(seed: int, prefill: int, steps: int) -> list[tuple[dict, torch.Tensor | None]]:
