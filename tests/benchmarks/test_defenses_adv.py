@@ -22,7 +22,8 @@ def cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
     path.write_text("\n".join(json.dumps({"doc_id": f"d{i}", "text": f"Note {i}: the fox jumps {i * 31} times."})
                               for i in range(40)), encoding="utf-8")
     return {"head_depths": [2], "tail_layers": 1, "corpora": [f"file:{path}"], "train_tokens": 600,
-            "test_tokens": 160, "max_length": 32, "utility_sequences": 2, "tokens": 4,
+            "test_tokens": 160, "max_length": 32, "utility_positions": 60, "greedy_prompts": 2, "tokens": 4,
+            "scored_set": {"user_tokens": 8, "docs_per_corpus": 8, "min_tokens": 0, "min_documents": 0},
             "categories": ["conversational"],
             "defenses": ["pclip(sigma=0.2,percentile=90.0)+denoise", "shaped-noise(sigma=0.2,percentile=90.0)",
                          "lora-adv(rank=2,steps=3,weight=1.0)"],

@@ -95,7 +95,7 @@ def test_two_shards_merged_equal_one_run(runs: dict) -> None:
     assert not diff, diff
     for stage, key in (("attacks", "rows"), ("defenses", "rows")):
         strip = lambda rows: [{k: v for k, v in r.items() if "seconds" not in k and k not in (  # noqa: E731
-            "modelled_tok_s_80ms", "bytes_per_step", "attackers", "best", "info")} for r in rows]
+            "modelled_tok_s_80ms", "tok_s_80ms", "bytes_per_step", "attackers", "best", "info")} for r in rows]
         assert strip(merged["data"][stage][key]) == strip(whole["data"][stage][key]), stage
     assert merged["data"]["attacks"]["baselines"] == whole["data"]["attacks"]["baselines"]
     assert merged["data"]["defenses"]["random_split"] == whole["data"]["defenses"]["random_split"]
