@@ -24,8 +24,9 @@ TINY = {"linear-probe": {"epochs": 2, "batch_size": 32}, "mlp": {"epochs": 1, "w
 def test_study_on_tiny_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPLITINFER_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "docs.jsonl"
-    docs = [{"doc_id": f"d{i}", "text": f"Dear {n}, your code {i * 7919} is ready. Call 555-01{i:02d}.",
-             "pii_spans": [{"start": 5, "end": 5 + len(n), "type": "person"}]}
+    # each opens with its own number: the scored set skips sequences whose opening repeats a training one
+    docs = [{"doc_id": f"d{i}", "text": f"#{i:02d} {n}, your code {i * 7919} is ready. Call 555-01{i:02d}.",
+             "pii_spans": [{"start": 4, "end": 4 + len(n), "type": "person"}]}
             for i, n in enumerate(["Ann Lee", "Bob Stone", "Cy Young", "Dee Park", "Eve Moss"] * 8)]
     path.write_text("\n".join(json.dumps(d) for d in docs), encoding="utf-8")
     cfg = StudyConfig(model="tiny-random", head_depths=(1, 2), tail_layers=(2,), corpora=(f"file:{path}",),

@@ -87,10 +87,10 @@ def test_pii_test_split_is_sized_for_every_span_type(tmp_path: Path, monkeypatch
     path = tmp_path / "pii.jsonl"
     docs = []
     for i in range(600):  # byte-level tiny tokenizer: one token per character
-        name, mail = f"Ann Lee{i}", f"ann{i}@example.org"
-        text = f"Dear {name}, write to {mail}. ".ljust(72, "-") + f"{mail} (a copy: it straddles the cap of 80)"
+        name, mail, ref = f"Ann Lee{i}", f"ann{i}@example.org", f"#{i:05d} "  # openings differ: none is a duplicate
+        text = f"{ref}Dear {name}, write to {mail}. ".ljust(72, "-") + f"{mail} (a copy: it straddles the cap of 80)"
         docs.append({"doc_id": f"d{i}", "text": text, "pii_spans": [
-            {"start": 5, "end": 5 + len(name), "type": "person"},
+            {"start": len(ref) + 5, "end": len(ref) + 5 + len(name), "type": "person"},
             {"start": text.index(mail), "end": text.index(mail) + len(mail), "type": "email"},
             {"start": text.rindex(mail), "end": text.rindex(mail) + len(mail), "type": "email"}]})
     path.write_text("\n".join(json.dumps(d) for d in docs), encoding="utf-8")
