@@ -3,8 +3,8 @@ import pytest
 from splitinfer.decoding.base import Draft, Proposer, list_proposers, make_proposer, proposer_options, register_proposer
 from splitinfer.errors import SplitInferError
 
-ALL = ["combined", "feature-draft", "jacobi", "local-draft", "lookahead", "ngram-pool", "prompt-lookup", "sequential", "suffix",
-       "token-recycling"]
+ALL = ["combined", "feature-draft", "jacobi", "local-draft", "lookahead", "ngram-pool", "prompt-lookup", "rest",
+       "sequential", "suffix", "suffix-automaton", "token-recycling"]
 
 
 def test_draft_validation_and_chain():
