@@ -110,7 +110,8 @@ def test_every_proposer_gives_sequentials_logits_bit_for_bit(tiny_bi, name, feat
     res = sm.generate(PROMPT, 40, record_logits=True, stop_on_eos=False, decoding=name, decoding_options=options)
     assert res.token_ids == ref.token_ids
     assert torch.equal(torch.stack(res.logits), torch.stack(ref.logits))
-    if name not in ("local-draft", "feature-draft"):  # (model drafters on a random model may not draft)
+    # model drafters on a random model may not draft, nor may REST: a random model's output matches no public text
+    if name not in ("local-draft", "feature-draft", "rest"):
         assert sum(s.draft_tokens for s in res.steps) > 0  # drafts were really verified
 
 
