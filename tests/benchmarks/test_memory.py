@@ -22,6 +22,7 @@ def test_proc_memory_of_this_process() -> None:
     assert proc_memory(2**22 + 12345) == {}  # no such process
 
 
+@pytest.mark.slow  # `make test-all` (not in CI: the 20-minute budget)
 @linux_only
 def test_server_memory_while_generating(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("SPLITINFER_CACHE", str(tmp_path / "cache"))

@@ -24,7 +24,8 @@ from splitinfer.ws_link import WebSocketLink
 from tests.splitinfer.ws_helpers import ServerProcess
 
 PROMPT = "the cat sat on the mat. the cat sat on the mat. the cat"
-OPTIONS = {"jacobi": {"block": 6}, "lookahead": {"window": 3, "ngram": 4, "pool": 3}}
+OPTIONS = {"jacobi": {"block": 6}, "lookahead": {"window": 3, "ngram": 4, "pool": 3},
+           "combined": {"step_ms": 60.0, "token_ms": 1.0}}  # fixed costs: the tree does not shrink on a loaded machine
 TOKEN = "batch-invariant-test-token-0123456789"
 
 

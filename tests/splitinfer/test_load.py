@@ -41,6 +41,7 @@ def _settled(url: str) -> dict:
     return stats
 
 
+@pytest.mark.slow  # `make test-all` (not in CI: the 20-minute budget)
 def test_concurrent_clients_and_a_burst_of_short_sessions(tiny, server, references):
     warm = SplitModel(tiny, "2,2", cloud=WebSocketLink(server.url))
     warm.generate(PROMPTS[0], 8)

@@ -65,6 +65,7 @@ def pii_corpus(tmp_path: Path) -> str:
     return f"file:{path}"
 
 
+@pytest.mark.slow  # `make test-all` (not in CI: the 20-minute budget)
 def test_accelerate_launch_two_cpu_processes(tmp_path: Path, pii_corpus: str, tiny) -> None:
     """`accelerate launch --multi_gpu --num_processes 2` on CPU: two gloo processes train one checkpoint."""
     out = tmp_path / "ckpt"

@@ -116,6 +116,7 @@ def test_caches_hold_exactly_the_committed_context_afterwards(sm):
     assert len(res.token_ids) == 25
 
 
+@pytest.mark.slow  # `make test-all` (not in CI: the 20-minute budget)
 def test_sampling_keeps_the_distribution_of_drafted_positions(sm, tiny):
     """Chi-square over 800 seeds: the token chosen by speculative sampling at a drafted position
     (step 2, with three deterministic guesses) follows the model's exact marginal distribution."""
@@ -150,24 +151,18 @@ def test_sampling_keeps_the_distribution_of_drafted_positions(sm, tiny):
 
 @pytest.mark.real_model
 def test_real_model_every_proposer_is_exact(real_model_bi):
-    """Default model with batch-invariant kernels, two chat prompts, 64 tokens, fp32 wire: every proposer on
-    the first prompt, the tree-drafting ones on the second, token-identical and logits equal bit for bit
-    (about 2-3 minutes on 2 cores). With the default kernels this test once asserted 1e-4 and failed on a
-    machine whose float32 floor is 2.3e-4."""
-    real_model = real_model_bi
-    sm = SplitModel(real_model, "2,2", wire_dtype="fp32")
-    prompts = {"Write a Python function that returns the n-th Fibonacci number.": list_proposers(),
-               "Give a JSON object describing a cat with the fields name, age and color.":
-                   ["ngram-pool", "suffix", "combined", "local-draft"]}
-    trained = head_files(default_dir(real_model.sha256))[1].exists()  # written by `splitinfer draft-train`
-    for prompt, names in prompts.items():
-        ids = sm.encode_prompt(prompt, chat=True)
-        ref = sm.generate(ids, 64, record_logits=True)
-        for name in names:
-            if name == "sequential" or (name == "feature-draft" and not trained):
-                continue
-            res = sm.generate(ids, 64, record_logits=True, decoding=make_proposer(name, **FAST_OPTIONS.get(name, {})))
-            check_same(res, ref, bitwise=True)
+    """Default model with batch-invariant kernels, one chat prompt, 32 tokens, fp32 wire: every proposer
+    token-identical and logits equal bit for bit (local-draft on the real model: test_local_draft.py). The tiny
+    model runs every proposer on more prompts; this test is about the real model's float32 floor (with the
+    default kernels it once asserted 1e-4 and failed on a machine whose floor is 2.3e-4)."""
+    sm = SplitModel(real_model_bi, "2,2", wire_dtype="fp32")
+    trained = head_files(default_dir(real_model_bi.sha256))[1].exists()  # written by `splitinfer draft-train`
+    skip = {"sequential", "local-draft"} | (set() if trained else {"feature-draft"})
+    ids = sm.encode_prompt("Write a Python function that returns the n-th Fibonacci number.", chat=True)
+    ref = sm.generate(ids, 32, record_logits=True)
+    for name in sorted(set(list_proposers()) - skip):
+        res = sm.generate(ids, 32, record_logits=True, decoding=make_proposer(name, **FAST_OPTIONS.get(name, {})))
+        check_same(res, ref, bitwise=True)
 
 
 def test_feedback_never_reports_accepted_guesses_past_eos(sm, tiny, monkeypatch):
