@@ -1,4 +1,5 @@
-"""``splitinfer bench ...``: suites (``run``, ``merge``, ``report``, ``ls``, ``validate``, ``regress``) and benchmarks.
+"""``splitinfer bench ...``: suites (``run``, ``merge``, ``report``, ``compare``, ``ls``, ``validate``,
+``regress``) and benchmarks.
 
 Every single benchmark writes with ``--out`` the versioned results document of
 :mod:`benchmarks.bench_output`, which ``bench regress`` reads like a suite's results.json.
@@ -101,6 +102,14 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_compare(args) -> int:
+    """Rows of two or more results documents (e.g. two model families) side by side -> one Markdown page."""
+    from benchmarks.cross_model import write_comparison
+
+    print(f"comparison written to {write_comparison(args.results, args.out)}")
+    return 0
+
+
 def cmd_ls(args) -> int:
     """The suites (with their stages and budgets) and the registered stages."""
     from benchmarks.stages import STAGES
@@ -200,6 +209,11 @@ def register(sub) -> None:
     p.add_argument("--results", required=True)
     p.add_argument("--out", default=None, help="directory (default: next to results.json)")
     p.set_defaults(func=cmd_report)
+    c = bsub.add_parser("compare", help="attack and defense rows of 2+ results documents (e.g. two model families) "
+                                        "side by side, with their intervals -> Markdown")
+    c.add_argument("results", nargs="+", help="2+ results.json files (or their run directories)")
+    c.add_argument("--out", default="reports/cross_model.md", help="Markdown file to write (default %(default)s)")
+    c.set_defaults(func=cmd_compare)
     ls = bsub.add_parser("ls", help="list the suites, the stages they can run, the plugins and every component")
     ls.set_defaults(func=cmd_ls)
     v = bsub.add_parser("validate", help="check suite files (names or .toml paths): keys, types, budgets")
