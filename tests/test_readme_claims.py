@@ -105,9 +105,9 @@ def test_the_readme_claims_fail_when_mutated():
     from dataclasses import replace
 
     by_row = {(c.report, c.row, c.metric): c for c, _ in KEYED}
-    h2 = by_row[("reports/quick/results.json", "attacks/seq-decoder/head:2", "token_acc_top1")]
-    h8 = by_row[("reports/quick/results.json", "attacks/seq-decoder/head:8", "token_acc_top1")]
-    assert check_claim(replace(h2, shown=h8.shown), ROOT) != []  # 65.0 written against head 2
+    h2 = by_row[("reports/quick/results.json", "attacks/linear-probe/head:2", "token_acc_top1")]
+    h8 = by_row[("reports/attacks_depth/attacks_depth.json", "attacks/linear-probe/head:8", "token_acc_top1")]
+    assert check_claim(replace(h2, shown=h8.shown), ROOT) != []  # the depth-8 figure written against depth 2
     ranged = next(c for c, _ in KEYED if c.shown.low is not None and c.shown.value != c.shown.high)
     outside = replace(ranged, shown=replace(ranged.shown, value=f"{float(ranged.shown.low) - 5:.1f}"))
     assert any("outside its interval" in p for p in check_claim(outside, ROOT))
