@@ -1,4 +1,4 @@
-"""Plain answers to issue 13's questions (a)-(e), and (f) for the permute stretch, from the ``defenses`` stage.
+"""Plain answers to the defense questions (a)-(e), and (f) for the permute stretch, from the ``defenses`` stage.
 
 Each answer is computed from whatever the run measured; a question whose rows
 the suite's grid lacks is answered ``not measured in this suite``. Recovery is
@@ -170,7 +170,7 @@ def answer_f(rows: list[dict]) -> str:
 def answers_section(data: dict) -> list[str]:
     """The report's answers to (a)-(f), one line each."""
     rows = data.get("rows", [])
-    return ["### Answers (issue 13, item 6)", "",
+    return ["### Answers to the seed paper's defense questions", "",
             f"- (a) Does a random LoRA perturbation lower recovery by an adaptive attacker? {answer_a(rows)}",
             f"- (b) Can someone who sees only the states identify the split depth under random splits? "
             f"{answer_b(data.get('random_split', []))}",
