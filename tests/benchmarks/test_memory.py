@@ -37,7 +37,6 @@ def test_server_memory_while_generating(tmp_path, monkeypatch) -> None:
     assert 0 < m["loaded_rss_bytes"] <= m["peak_rss_bytes"]
 
 
-def test_server_that_cannot_start_is_named(tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("SPLITINFER_CACHE", str(tmp_path / "cache"))
+def test_server_that_cannot_start_is_named(tiny_dir) -> None:
     with pytest.raises(SplitInferError, match="body server exited with code 2: .*bad split 5,5"):
-        server_memory("tiny-random", "5,5", lambda url: None, timeout_s=60)  # 6 layers: no body left
+        server_memory(str(tiny_dir), "5,5", lambda url: None, timeout_s=60)  # 6 layers: no body left

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 from websockets.sync.client import connect
@@ -26,6 +27,9 @@ from splitinfer.ws_link import _LEGACY
 
 REPO = Path(__file__).resolve().parents[2]
 _PREFIX = struct.Struct(">4sHI")
+
+
+LIVE_SERVERS: "weakref.WeakSet[ServerProcess]" = weakref.WeakSet()  # read by conftest on a failing test
 
 
 class ServerProcess:
@@ -42,6 +46,7 @@ class ServerProcess:
         threading.Thread(target=self._pump, daemon=True).start()
         self.url: str | None = None
         self.port: int | None = None
+        LIVE_SERVERS.add(self)
 
     def _pump(self) -> None:
         for raw in self.proc.stdout:
