@@ -43,8 +43,9 @@ def defend_taps(taps: Taps, pipeline: DefensePipeline, session0: int = 0) -> Tap
     if not pipeline.transforms and pipeline.codec is None:
         return taps
     out = np.empty(taps.hidden.shape, dtype=np.float32)
+    wire = torch.bfloat16 if taps.meta.get("wire_dtype") == "bf16" else torch.float16  # the family's wire
     for i, rows in taps.sequences():
-        h = torch.from_numpy(np.asarray(taps.hidden[rows], dtype=np.float16))  # (T, d) as on an fp16 wire
+        h = torch.from_numpy(np.asarray(taps.hidden[rows], dtype=np.float32)).to(wire)  # (T, d) as on the wire
         out[rows] = pipeline.simulate_up(h, taps.token_ids[rows].tolist(), session0 + i,
                                          public_mask(taps, i, rows).tolist()).numpy()
     meta = {**taps.meta, "defense": pipeline.label}

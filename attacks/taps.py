@@ -52,7 +52,10 @@ from splitinfer.partition import LayerStack
 
 log = logging.getLogger(__name__)
 
-STORE_DTYPES = {"fp16": (torch.float16, np.float16), "fp32": (torch.float32, np.float32)}
+# tap dtype -> (the wire's torch dtype the states are rounded to, numpy storage); bf16 is stored as float32
+STORE_DTYPES = {"fp16": (torch.float16, np.float16), "bf16": (torch.bfloat16, np.float32),
+                "fp32": (torch.float32, np.float32)}
+TORCH_OF = {np.float16: torch.float16, np.float32: torch.float32}
 
 
 class TruncatedForward(LayerStack):
@@ -174,6 +177,7 @@ def extract_taps(
         "hidden_size": loaded.hidden_size, "corpus": corpus, "corpus_options": options, "seed": seed,
         "max_docs": max_docs, "split": manifest["split"], "boundary": str(b), "depth": depth,
         "max_length": max_length, "max_tokens": max_tokens, "dtype": np.dtype(STORE_DTYPES[dtype][1]).name,
+        "wire_dtype": dtype,
         "padded": padded, "batch_size": batch_size, "n_tokens": int(sum(c["length"] for c in plan.chunks)),
         "pii_types": plan.pii_types,
         "corpus_manifest": {k: v for k, v in manifest.items() if k != "doc_ids"},
@@ -223,7 +227,7 @@ def forward_rows(loaded: Any, stack: TruncatedForward, plan: Plan, rows: Sequenc
             stack(ids)  # (B, T, d); the hooks fill ``captured``
             forward_cpu += time.process_time() - c0
             for d in depths:
-                h = captured[d].to(torch_dtype).cpu().numpy()  # (B, T, d)
+                h = captured[d].to(torch_dtype).cpu().to(TORCH_OF[np_dtype]).numpy()  # (B, T, d), wire-rounded
                 for k, j in enumerate(batch):
                     out[d][starts[j]: starts[j + 1]] = h[k, : lengths[j]]
             if bar is not None:
@@ -311,7 +315,7 @@ def extract_depths(loaded: Any, corpus: str, boundaries: Sequence[str | Boundary
     return {key: Taps(states[d], token_ids, lengths, seq_doc, docs, offsets, {
         "model": loaded.spec, "model_sha256": loaded.sha256, "boundary": str(named[key]), "depth": d,
         "num_layers": loaded.num_layers, "hidden_size": loaded.hidden_size, "corpus": corpus, "split": split,
-        "vocab_size": int(loaded.config.vocab_size), "kind": "teacher-forced", "dtype": dtype})
+        "vocab_size": int(loaded.config.vocab_size), "kind": "teacher-forced", "dtype": dtype, "wire_dtype": dtype})
         for key, d in depths.items()}
 
 

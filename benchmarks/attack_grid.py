@@ -40,6 +40,7 @@ from attacks.evaluate import collect, doc_top1_counts, prior_from_taps, score
 from attacks.registry import get_attack_class, make_attack
 from attacks.tapdata import Taps
 from attacks.boundary import Boundary
+from splitinfer.families import default_wire_dtype
 from splitinfer.tokens import encode_text
 from attacks.defended import knowledge_label
 from attacks.taps import extract_depths
@@ -196,13 +197,15 @@ def extract_split(loaded: Any, corpus: str, bounds: list[Boundary], split: str, 
                   max_doc_tokens: int | None = None, seed: int = 0) -> dict[Boundary, Taps]:
     """Teacher-forced taps of one corpus split at every boundary; a test split of long documents is cut at
     ``n_tokens / 10`` tokens per document so that it holds >= 10 documents (DESIGN.md section 5: intervals are
-    bootstrapped over documents; two long documents gave intervals that meant nothing)."""
+    bootstrapped over documents; two long documents gave intervals that meant nothing). States are rounded to
+    the family's wire dtype (fp16; bf16 for Gemma, whose states exceed fp16's range)."""
+    wire = default_wire_dtype(loaded.model.config)
     taps = extract_depths(loaded, corpus, bounds, split, max_tokens=n_tokens, max_length=max_length,
-                          max_doc_tokens=max_doc_tokens, seed=seed, progress=False)
+                          max_doc_tokens=max_doc_tokens, seed=seed, dtype=wire, progress=False)
     if split == "test" and len(set(taps[bounds[0]].seq_doc.tolist())) < MIN_TEST_DOCUMENTS:
         cap = max(1, n_tokens // MIN_TEST_DOCUMENTS)
         taps = extract_depths(loaded, corpus, bounds, split, max_tokens=n_tokens, max_length=max_length,
-                              max_doc_tokens=min(max_doc_tokens or cap, cap), seed=seed, progress=False)
+                              max_doc_tokens=min(max_doc_tokens or cap, cap), seed=seed, dtype=wire, progress=False)
     return taps
 
 

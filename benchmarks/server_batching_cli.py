@@ -29,7 +29,7 @@ def register(bsub) -> None:
     b.add_argument("--rtt-ms", type=float_list, default="0,80",
                    help="round trip each replay client waits after every reply, comma list (default %(default)s)")
     add_max_new_tokens(b, 32, "decode steps recorded and replayed per session")
-    add_wire_dtype(b)
+    add_wire_dtype(b, "fp16")
     b.add_argument("--server-threads", type=int, default=2, help="OMP_NUM_THREADS of the server (default 2)")
     b.add_argument("--max-batch", type=int, default=16, help="the batched server's --max-batch (default 16)")
     b.add_argument("--batch-window-ms", type=float, default=5.0, help="the servers' --batch-window-ms (default 5)")

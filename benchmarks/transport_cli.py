@@ -28,7 +28,7 @@ def register(bsub) -> None:
                    help="concurrent session counts (default %(default)s)")
     t.add_argument("--synthetic-hidden", type=optional_int_list, default="576,4096",
                    help="hidden sizes of compute-free synthetic bodies ('' for none; default %(default)s)")
-    add_wire_dtype(t)
+    add_wire_dtype(t, "fp16")
     t.add_argument("--server-threads", type=int, default=1, help="OMP_NUM_THREADS of the server process")
     t.add_argument("--out", default=None, help="also write the results document (JSON) here")
     t.set_defaults(func=cmd_transport)

@@ -217,7 +217,7 @@ class LinkFlags:
     rtt_ms: float = 0.0
     bandwidth_mbps: float | None = None
     jitter_ms: float = 0.0
-    wire_dtype: str = "fp16"
+    wire_dtype: str | None = None  # None: the model family's default (SplitModel)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> LinkFlags:
@@ -239,13 +239,15 @@ def single(values: tuple, flag: str):
     return values[0]
 
 
-def add_wire_dtype(p: argparse.ArgumentParser, default: str = "fp16", many: bool = False) -> None:
+def add_wire_dtype(p: argparse.ArgumentParser, default: str | None = None, many: bool = False) -> None:
     """``--wire-dtype`` (``many``: a comma list, e.g. fp32,fp16)."""
     if many:
-        p.add_argument("--wire-dtype", type=wire_list, default=default, help="comma list of hidden-state dtypes on "
+        p.add_argument("--wire-dtype", type=wire_list, default=default or "fp16", help="comma list of hidden-state dtypes on "
                        f"the wire, from {', '.join(WIRE_DTYPES)} (default %(default)s)")
     else:
-        p.add_argument("--wire-dtype", default=default, choices=WIRE_DTYPES, help="hidden-state dtype on the wire")
+        p.add_argument("--wire-dtype", default=default, choices=WIRE_DTYPES,
+                       help="hidden-state dtype on the wire (default: fp16, or bf16 for a model family whose states "
+                            "exceed fp16's range, e.g. Gemma)")
 
 
 def add_link_args(p: argparse.ArgumentParser, rtt_default: str = "0", bandwidth_default: float | None = None,

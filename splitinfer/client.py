@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from splitinfer import families
 from splitinfer.body_info import BodyInfo
 from splitinfer.decoding.base import DecodingEnv, Proposer, make_proposer
 from splitinfer.decoding.verify import decode
@@ -121,7 +122,7 @@ class SplitModel:
         *,
         cloud: str | Link | None = None,
         wan: WanProfile | None = None,
-        wire_dtype: str = "fp16",
+        wire_dtype: str | None = None,
         service_limits: ServiceLimits | None = None,
         defense: str | DefensePipeline | None = None,
         defense_options: dict | list | tuple = (),
@@ -129,7 +130,9 @@ class SplitModel:
         self.loaded = loaded
         self.split = SplitConfig.parse(split) if isinstance(split, str) else split
         self.split.validate(loaded.num_layers)
-        self.wire_dtype = parse_wire_dtype(wire_dtype)
+        # None: the family's default (fp16; bf16 for families whose states exceed fp16's range, e.g. Gemma)
+        self.wire_dtype_name = wire_dtype or families.default_wire_dtype(loaded.model.config)
+        self.wire_dtype = parse_wire_dtype(self.wire_dtype_name)
         model = loaded.model
         self.head = LocalHead(model, self.split)
         self.tail = LocalTail(model, self.split)

@@ -76,6 +76,17 @@ REFUSED: dict[str, str] = {
 }
 
 
+# families whose hidden states leave fp16's range (65,504): trained in bf16, their embedding scale and massive
+# activations put states far beyond it (Gemma 3 270M's BOS state at every depth)
+WIDE_STATES = frozenset({"gemma", "gemma2", "gemma3_text"})
+
+
+def default_wire_dtype(config) -> str:
+    """The hidden-state dtype a split of this family sends when none is named: ``fp16`` (half of fp32's bytes), or
+    ``bf16`` for a family in :data:`WIDE_STATES`. (The runtime refuses a state that overflows its wire dtype.)"""
+    return "bf16" if family(config) in WIDE_STATES else "fp16"
+
+
 def family(config) -> str:
     """The config's ``model_type`` (the family name transformers uses)."""
     return str(getattr(config, "model_type", None) or type(config).__name__)

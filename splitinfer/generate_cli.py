@@ -60,7 +60,7 @@ def cmd_generate(args) -> int:
     if args.json:
         print(json.dumps({**s, "model": loaded.spec, "model_sha256": loaded.sha256, "split": str(sm.split),
                           "rtt_ms": link.rtt_ms, "bandwidth_mbps": link.bandwidth_mbps,
-                          "wire_dtype": link.wire_dtype, "defense_detail": sm.defense.describe(),
+                          "wire_dtype": sm.wire_dtype_name, "defense_detail": sm.defense.describe(),
                           "kernels": batch_invariant.kernels(loaded.model)}))
     return 0
 
@@ -72,7 +72,7 @@ def cmd_draft_calibrate(args) -> int:
     sm = SplitModel(ModelFlags.from_args(args).load(), args.split, wire_dtype=args.wire_dtype)
     seqs = corpus_sequences(sm.loaded.tokenizer, list(args.corpus), args.max_tokens, args.seq_len)
     bridge = calibrate(sm, seqs, ridge=args.ridge)
-    path = bridge.save(args.out, {**split_meta(sm), "corpora": ",".join(args.corpus), "wire_dtype": args.wire_dtype},
+    path = bridge.save(args.out, {**split_meta(sm), "corpora": ",".join(args.corpus), "wire_dtype": sm.wire_dtype_name},
                        force=args.force)
     print(f"bridge calibration ({bridge.n} state pairs from {len(seqs)} sequences) written to {path}; "
           f"use it with --decoding local-draft --draft-calibration {args.out}")

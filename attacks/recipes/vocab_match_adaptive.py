@@ -117,6 +117,8 @@ class AdaptiveVocabMatch(VocabMatch):
         return Taps(out, taps.token_ids, taps.seq_lengths, taps.seq_doc, taps.documents, taps.offsets, taps.meta)
 
     def _fit(self, train: Taps, val: Taps | None, trainer: Any) -> None:
+        # the victim's wire dtype (its family's: fp16, bf16 for Gemma), which the codec's input was rounded to
+        self.wire = torch.bfloat16 if train.meta.get("wire_dtype") == "bf16" else torch.float16
         if self.permute is not None:  # its own defended pairs are in its own basis: use the clean ones
             train, val = self._public_view(train), (self._public_view(val) if val is not None else None)
         super()._fit(train, val, trainer)
@@ -209,10 +211,11 @@ class AdaptiveVocabMatch(VocabMatch):
             if self.noise.sigma > 0:
                 return (h - obs).pow(2).mean(-1) / (self.noise.sigma * self.noise.clip) ** 2
         if self.defense.codec is not None:
-            h = h.to(torch.float16)  # (B, d) on the fp16 wire
+            wire = getattr(self, "wire", torch.float16)
+            h = h.to(wire)  # (B, d) on the victim's wire
             if self.basis is not None:  # the codec ran on h Q: quantise in Q's basis, then turn back like obs
                 q = self.basis.to(h.device)
-                rot = self.defense.codec.roundtrip((h.double() @ q).to(torch.float16))  # (B, d)
+                rot = self.defense.codec.roundtrip((h.double() @ q).to(wire))  # (B, d)
                 h = (rot.double() @ q.T).float()
             else:
                 h = self.defense.codec.roundtrip(h)

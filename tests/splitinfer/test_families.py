@@ -200,6 +200,32 @@ def test_taps_are_the_models_hidden_states_and_vocab_match_inverts_them(fam, cor
     assert inv.info["mean_candidates"] < loaded.config.vocab_size  # the fitted ranking beats a full scan
 
 
+def test_a_family_whose_states_leave_fp16s_range_sends_bf16_by_default(corpus):
+    """Gemma's states exceed fp16's 65,504 (Gemma 3 270M's BOS state at every depth): on an fp16 wire the runtime
+    refuses them. A Gemma split now sends bf16 unless told otherwise, and the attack grid's taps are rounded as on
+    that wire (before: fp16 everywhere, and the attack and defense stages on Gemma 3 270M stopped at the first
+    generation). Other families keep fp16."""
+    from benchmarks.attack_grid import extract_split
+    from attacks.boundary import Boundary
+
+    model = build("gemma3_text")
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(1e6)  # states far beyond fp16's range, as in Gemma 3 270M
+    loaded = LoadedModel(model, tiny_tokenizer(), "tiny-gemma3_text", weights_sha256(model), None)
+    ids = encode_text(loaded.tokenizer, PROMPT).ids
+    with pytest.raises(SplitInferError, match="NaN or Inf"):
+        SplitModel(loaded, "1,1", wire_dtype="fp16").generate(ids, 4, stop_on_eos=False)
+    sm = SplitModel(loaded, "1,1")
+    assert sm.wire_dtype_name == "bf16" and sm.wire_dtype == torch.bfloat16
+    assert len(sm.generate(ids, 4, stop_on_eos=False).token_ids) == 4
+    taps = extract_split(loaded, f"file:{corpus}", [Boundary("head", 1)], "all", 400, 32)[Boundary("head", 1)]
+    h = np.asarray(taps.hidden)
+    assert taps.meta["wire_dtype"] == "bf16" and np.isfinite(h).all() and np.abs(h).max() > 65504
+    assert np.array_equal(h, torch.from_numpy(h).to(torch.bfloat16).float().numpy())  # rounded as on the wire
+    assert SplitModel(LoadedModel(build("llama"), tiny_tokenizer(), "tiny-llama", "0", None), "1,1").wire_dtype_name \
+        == "fp16"
+
+
 ROUTERS = {"gate", "shared_expert_gate"}  # MoE routing scores, left as they are
 
 
