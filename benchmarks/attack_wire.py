@@ -71,7 +71,8 @@ def wire_targets(loaded: Any, cfg: Any, data: Any, boundary: Boundary) -> NextTa
 
     tail = boundary.layers
     head = max(1, min(cfg.wire_split_head, loaded.num_layers - tail - 1))
-    sm = SplitModel(loaded, f"{head},{tail}")
+    sm = SplitModel(loaded, f"{head},{tail}")  # the family's wire dtype (bf16 for Gemma)
+    store = np.float16 if sm.wire_dtype_name == "fp16" else np.float32  # bf16 values are exact in float32
     tok = loaded.tokenizer
     test = next(iter(data.test.values()))
     hidden, ids, lengths, docs, targets, corpus_of = [], [], [], [], [], []
@@ -107,7 +108,7 @@ def wire_targets(loaded: Any, cfg: Any, data: Any, boundary: Boundary) -> NextTa
                 traffic["wire_skipped_sessions"] += 1
                 continue
             p0 = len(res.prompt_ids)
-            hidden.append(np.stack([r[1].float().numpy() for r in rows]).astype(np.float16))  # (T, d)
+            hidden.append(np.stack([r[1].float().numpy() for r in rows]).astype(store))  # (T, d) as received
             ids.append(np.asarray(stream[: len(rows)], dtype=np.int64))
             lengths.append(len(rows))
             targets.append(np.asarray([stream[p + 1] if p0 <= p + 1 < len(stream) else -1 for p in pos]))
@@ -118,7 +119,8 @@ def wire_targets(loaded: Any, cfg: Any, data: Any, boundary: Boundary) -> NextTa
         raise AttackError(f"no wire traffic to score: {traffic['wire_skipped_sessions']} of "
                           f"{traffic['wire_sessions']} sessions skipped, and the test documents gave no other prompt "
                           "of 2 or more tokens")
-    meta = {**test.meta, "boundary": str(boundary), "depth": data.depth_of[boundary], "kind": "wire", "split": "wire"}
+    meta = {**test.meta, "boundary": str(boundary), "depth": data.depth_of[boundary], "kind": "wire", "split": "wire",
+            "wire_dtype": sm.wire_dtype_name}
     taps = Taps(np.concatenate(hidden), np.concatenate(ids), lengths, np.arange(len(docs)), docs, None, meta)
     target = np.concatenate(targets)
     rows = np.flatnonzero(target >= 0)
