@@ -114,16 +114,18 @@ def run_speed(
     rtts_ms: list[float],
     n_tokens: int = 64,
     bandwidth_mbps: float | None = 100.0,
-    wire: str = "fp16",
+    wire: str | None = None,
     prompt: str = PROMPT,
     server_memory: bool = False,
 ) -> dict:
     """Measure and return the benchmark's figures (see the module docstring).
 
     ``server_memory``: also run the generation through a real ``splitinfer serve`` process and report its
-    resident memory (:mod:`benchmarks.memory`): the cloud side's peak memory on its own.
+    resident memory (:mod:`benchmarks.memory`): the cloud side's peak memory on its own. ``wire``: None takes
+    the model family's wire dtype (fp16; bf16 for Gemma).
     """
     sm0 = SplitModel(loaded, split, wire_dtype=wire)
+    wire = sm0.wire_dtype_name
     prompt_ids = sm0.encode_prompt(prompt, chat=loaded.has_chat_template)
     sm0.generate(prompt_ids, 8, stop_on_eos=False)  # warm-up (page in weights, allocator)
     own = own_unsplit_ms_per_token(sm0, prompt_ids, n_tokens)

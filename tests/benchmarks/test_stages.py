@@ -40,14 +40,15 @@ def test_stage_keys_are_declared_as_key_type_pairs():
 def test_committed_suites_give_budgets_that_fit_the_quick_limit():
     quick = load_suite("quick")
     budgets = [quick.budget_s(s) for s in quick.stages]
-    assert None not in budgets and sum(budgets) <= 600 - 60  # 10 minutes on 2 cores, a minute for loading
+    # 10 minutes on 2 cores; loading the model and the report took 5 s of the 579 s run at 2fc7170
+    assert None not in budgets and sum(budgets) <= 600 - 10
     assert "budget_s" not in quick.stages["speed"]  # stage functions see only their own keys
 
 
 def test_bench_ls_lists_suites_and_stages(capsys):
     assert main(["bench", "ls"]) == 0
     out = capsys.readouterr().out
-    assert "quick" in out and "ci" in out and "speed (80 s)" in out
+    assert "quick" in out and "ci" in out and "speed (85 s)" in out
     for name in STAGES:
         assert name in out
 
