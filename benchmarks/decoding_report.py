@@ -61,7 +61,7 @@ def by_category(records) -> dict[str, list[dict]]:
 
 def summarize(results: dict) -> dict:
     """Per label: tau per category and mean, acceptance, load, modelled and measured speed."""
-    model = StepTimeModel(**{k: tuple(v) if isinstance(v, list) else v for k, v in results["step_model"].items()})
+    model = StepTimeModel.from_dict(results["step_model"])
     table = {}
     for label, records in sorted(results["runs"].items(), key=lambda kv: _order(kv[0])):
         cats = by_category(records)

@@ -12,6 +12,9 @@ instance per prompt set in order, as ``bench decoding`` runs them.
 
 ``python -m benchmarks.decoding_tune --refs FILE [--humaneval N] [--config LABEL=NAME:K=V,K=V ...]``;
 without ``--config`` it replays :data:`SWEEP` (the per-source ablation and the tree budget).
+``--step-model FILE`` (a ``summary.json`` or results document of ``bench decoding``, whose fitted step
+costs it reads) adds each row's modelled tok/s at 80 ms, 100 Mbit/s, with those CPU costs and with flat
+per-step compute: a larger tree raises tau and costs compute, so a choice is read on both.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from benchmarks.prompts import PROMPTS, humaneval_prompts
 from benchmarks.refs_file import load_refs, save_refs
 from splitinfer.decoding.base import DecodingEnv, make_proposer
 from splitinfer.decoding.replay import replay, top_tokens_of
+from splitinfer.timing import StepTimeModel
 
 TOPK = 8
 NO_LA = {"lookahead": "off"}
@@ -110,10 +114,11 @@ def build_refs(sm, humaneval: int, max_new_tokens: int, peers: bool = False, pro
             "model_sha256": sm.loaded.sha256, "refs": refs}
 
 
-def replay_config(data: dict, name: str, options: dict, categories: set[str],
-                  tokenizer=None) -> dict[str, list[tuple[int, int]]]:
+def replay_config(data: dict, name: str, options: dict, categories: set[str], tokenizer=None,
+                  step_model: StepTimeModel | None = None) -> dict[str, list[tuple]]:
     """(tokens, round trips) per prompt, by category, of one proposer instance replayed over the prompts (in order;
-    ``tokenizer``: the model's, for the datastore of ``rest`` and ``suffix-automaton``)."""
+    ``tokenizer``: the model's, for the datastore of ``rest`` and ``suffix-automaton``); with ``step_model``
+    (projected to a network) each tuple also holds the prompt's modelled ms with its costs and with flat compute."""
     env = DecodingEnv(vocab_size=data["vocab_size"], eos_ids=frozenset(data["eos"]),
                       max_new_tokens=data["max_new_tokens"], tokenizer=tokenizer)
     proposer = make_proposer(name, **options)
@@ -121,16 +126,24 @@ def replay_config(data: dict, name: str, options: dict, categories: set[str],
     for r in data["refs"]:
         if r["category"] in categories:
             steps = replay(proposer, r["ids"], r["output"], data["max_new_tokens"], env, topk=r["topk"])
-            out.setdefault(r["category"], []).append((sum(s.tokens_committed for s in steps), len(steps)))
+            row = (sum(s.tokens_committed for s in steps), len(steps))
+            if step_model is not None:
+                row += (step_model.total_ms(steps), step_model.total_ms(steps, flat=True))
+            out.setdefault(r["category"], []).append(row)
     return out
 
 
 def table_row(per_cat: dict[str, list[tuple[int, int]]], cats: list[str]) -> dict[str, float]:
     """tau per category pooled as ``bench decoding`` pools it (tokens / round trips over its prompts; a mean of
     per-prompt tau would weight a short, well-drafted answer like a long one), and the mean of the categories."""
-    row = {c: sum(t for t, _ in per_cat[c]) / sum(n for _, n in per_cat[c]) for c in cats if c in per_cat}
+    row = {c: sum(p[0] for p in per_cat[c]) / sum(p[1] for p in per_cat[c]) for c in cats if c in per_cat}
     main = [v for c, v in row.items() if c != "humaneval"]
     row["mean"] = statistics.mean(main) if main else float("nan")
+    timed = [c for c in cats if c != "humaneval" and c in per_cat and all(len(p) == 4 for p in per_cat[c])]
+    for key, at in (("tok_s_cpu80", 2), ("tok_s_flat80", 3)):  # mean over categories of pooled tok/s
+        if timed:
+            row[key] = statistics.mean(1e3 * sum(p[0] for p in per_cat[c]) / sum(p[at] for p in per_cat[c])
+                                       for c in timed)
     return row
 
 
@@ -142,7 +155,7 @@ def peer_row(data: dict, cats: list[str]) -> dict[str, float]:
 
 
 def format_table(rows: dict[str, dict[str, float]], cats: list[str]) -> str:
-    cols = [*cats, "mean"]
+    cols = [*cats, "mean", *(k for k in ("tok_s_cpu80", "tok_s_flat80") if any(k in r for r in rows.values()))]
     width = max(len(k) for k in rows)
     lines = [f"{'decoding':<{width}}  " + "  ".join(f"{c[:12]:>12}" for c in cols)]
     for label, row in rows.items():
@@ -165,6 +178,16 @@ def targets(rows: dict[str, dict[str, float]]) -> list[str]:
                        1.8))
     return [f"combined (default): {what}: {v:.2f} (target {goal}) -> {'MET' if v >= goal else 'NOT MET'}"
             for what, v, goal in checks]
+
+
+def load_step_model(path: Path) -> StepTimeModel:
+    """The fitted step costs recorded by ``bench decoding`` (its ``summary.json``, or ``data`` of its results)."""
+    try:
+        doc = json.loads(path.read_text())
+        fitted = doc.get("step_model") or doc["data"]["step_model"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"--step-model {path}: no fitted step costs there ({e}); give bench decoding's summary.json")
+    return StepTimeModel.from_dict(fitted)
 
 
 def _parse_config(text: str) -> tuple[str, tuple[str, dict]]:
@@ -190,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peers", action="store_true", help="also run transformers' prompt lookup on every prompt (slow)")
     ap.add_argument("--prompt-split", choices=("dev", "test"), default=None,
                     help="build the references from a held-out split (tune on dev only)")
+    ap.add_argument("--step-model", default=None,
+                    help="bench decoding's summary.json / results.json: add modelled tok/s at 80 ms (its costs, flat)")
     args = ap.parse_args(argv)
     torch.set_num_threads(2)
     path = Path(args.refs)
@@ -205,12 +230,13 @@ def main(argv: list[str] | None = None) -> int:
 
     tokenizer = load_model("default").tokenizer
     configs = dict(_parse_config(c) for c in args.config) or SWEEP
+    step_model = load_step_model(Path(args.step_model)).project(80.0, 100.0) if args.step_model else None
     have_peers = all("prompt_lookup" in r for r in data["refs"])
     rows = {f"transformers prompt lookup (k={PROMPT_LOOKUP_TOKENS})": peer_row(data, cats)} if have_peers else {}
     for label, (name, options) in configs.items():
         use = set(cats) if (args.config or label in REPORT_ONLY) else set(cats) - {"humaneval"}
         t0 = time.perf_counter()
-        rows[label] = table_row(replay_config(data, name, options, use, tokenizer), cats)
+        rows[label] = table_row(replay_config(data, name, options, use, tokenizer, step_model), cats)
         print(f"{label}: {rows[label]} ({time.perf_counter() - t0:.0f} s)", flush=True)
     print(format_table(rows, cats))
     for line in targets(rows):

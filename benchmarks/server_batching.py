@@ -15,6 +15,12 @@
    wall time from the start to the end of the decode phase; every session
    has sent its prefill before the clock starts. Memory per session: the
    server's KV bytes and its RSS growth with all sessions open, per session.
+4. **Step latency**: each decode ``forward``'s time from send to reply at the
+   client (the emulated round trip excluded), pooled over the cell's sessions:
+   p50 and p90. A batched server buys throughput with waiting (the window, the
+   larger packed forward), so its p50 is set beside the unbatched server's at
+   the same concurrency and at its best one (``p50_vs_unbatched``,
+   ``p50_vs_best_unbatched``).
 
 Beside it, :func:`compute_probe` times the body in-process: k single-token
 steps as one packed forward against k forwards, which separates the
@@ -31,6 +37,7 @@ concurrent sessions, so the first ratio flatters batching).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import statistics
 import threading
@@ -104,21 +111,28 @@ class ReplayClient:
         remote.hello()
         sid = remote.open()
         self.frames = [encode_frame(op, {"session": sid, **fields}, tensors) for op, fields, tensors in requests]
+        self.ops = [op for op, _, _ in requests]
         self.replies: list[torch.Tensor] = []
+        self.step_ms: list[float] = []  # per decode forward: send -> reply at the client
 
-    def send(self, frame: bytes, keep: bool) -> None:
+    def send(self, frame: bytes, keep: bool) -> float:
+        t0 = time.perf_counter()
         reply = decode_frame(self.link.request(frame))
+        ms = 1e3 * (time.perf_counter() - t0)
         if reply.op == "error":
             raise SplitInferError(f"the server refused a replayed frame: {reply.fields.get('message')}")
         if keep and "hidden" in reply.tensors:
             self.replies.append(reply.tensors["hidden"].clone())
+        return ms
 
     def prefill(self) -> None:
         self.send(self.frames[0], keep=True)
 
     def decode(self, rtt_s: float) -> None:
-        for frame in self.frames[1:]:
-            self.send(frame, keep=True)
+        for op, frame in zip(self.ops[1:], self.frames[1:]):
+            ms = self.send(frame, keep=True)
+            if op == "forward":
+                self.step_ms.append(ms)
             if rtt_s:
                 time.sleep(rtt_s)
 
@@ -163,12 +177,14 @@ def measure(url: str, recordings: list, sessions: int, rtt_ms: float) -> tuple[d
     if errors:
         raise SplitInferError(f"a replay client failed: {errors[0]}")
     tokens = after["tokens"] - before["tokens"]
+    step_ms = [ms for c in clients for ms in c.step_ms]
+    p50, p90 = _percentile(step_ms, 50), _percentile(step_ms, 90)
     row = {"sessions": sessions, "rtt_ms": rtt_ms, "body_tokens": tokens, "wall_s": round(wall, 4),
            "body_tok_s": tokens / wall, "steps": after["forwards"] - before["forwards"],
            "forwards": after.get("batch_forwards", 0) - before.get("batch_forwards", 0),
            "kv_bytes_per_session": after["kv_bytes"] / sessions,
            "rss_bytes_per_session": (after["rss_bytes"] - base["rss_bytes"]) / sessions,
-           "rss_bytes": after["rss_bytes"]}
+           "rss_bytes": after["rss_bytes"], "steps_timed": len(step_ms), "step_ms_p50": p50, "step_ms_p90": p90}
     return row, [c.replies for c in clients]
 
 
@@ -206,6 +222,12 @@ def compute_probe(loaded: LoadedModel, split: SplitConfig, sessions: tuple[int, 
         rows.append({"sessions": k, "context": context, "one_by_one_ms": alone, "packed_ms": packed,
                      "compute_speedup": alone / packed})
     return rows
+
+
+def _percentile(xs: list[float], q: float) -> float:
+    """The q-th percentile (nearest rank) of a non-empty list."""
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
 
 
 def _max_diff(a: list, b: list) -> float:
@@ -250,6 +272,8 @@ def run_batching(model: str = "default", split: str = "2,2", sessions: tuple[int
         row["speedup"] = row["body_tok_s"] / unb["body_tok_s"]
         row["speedup_vs_best_unbatched"] = row["body_tok_s"] / best[row["rtt_ms"]]["body_tok_s"]
         row["best_unbatched_sessions"] = best[row["rtt_ms"]]["sessions"]
+        row["p50_vs_unbatched"] = row["step_ms_p50"] / unb["step_ms_p50"]
+        row["p50_vs_best_unbatched"] = row["step_ms_p50"] / best[row["rtt_ms"]]["step_ms_p50"]
         row["max_abs_diff"] = _max_diff(replies[key], replies[("unbatched", *key[1:])])
     return {"model": model, "split": split, "wire_dtype": wire, "n_tokens": n_tokens, "prompts": len(PROMPTS),
             "prompt_lengths": [len(r[0][2]["hidden"][0]) for r in recordings], "server_threads": server_threads,
@@ -263,13 +287,15 @@ def format_batching(r: dict) -> str:
              f"{r['server_threads']}, --max-batch {r['max_batch']} --batch-window-ms {r['batch_window_ms']:g}"
              f"{' --batch-invariant' if r['batch_invariant'] else ''}, {r['cpus']} CPUs", "",
              f"{'mode':>9} {'rtt ms':>6} {'sessions':>8} {'body tok/s':>10} {'x unbatched':>11} {'x best unb.':>11} "
-             f"{'steps/forward':>13} "
+             f"{'steps/forward':>13} {'p50 ms':>7} {'p90 ms':>7} {'p50 x unb.':>10} {'p50 x best':>10} "
              f"{'KV MiB/session':>14} {'RSS MiB/session':>15} {'max |diff|':>10}"]
     for row in r["rows"]:
         per_forward = row["steps"] / row["forwards"] if row["forwards"] else 1.0
         lines.append(f"{row['mode']:>9} {row['rtt_ms']:>6g} {row['sessions']:>8} {row['body_tok_s']:>10.1f} "
                      f"{row['speedup']:>11.2f} {row.get('speedup_vs_best_unbatched', float('nan')):>11.2f} "
-                     f"{per_forward:>13.2f} {row['kv_bytes_per_session'] / 2**20:>14.2f} "
+                     f"{per_forward:>13.2f} {row['step_ms_p50']:>7.1f} {row['step_ms_p90']:>7.1f} "
+                     f"{row['p50_vs_unbatched']:>10.2f} {row['p50_vs_best_unbatched']:>10.2f} "
+                     f"{row['kv_bytes_per_session'] / 2**20:>14.2f} "
                      f"{row['rss_bytes_per_session'] / 2**20:>15.2f} {row['max_abs_diff']:>10.3g}")
     lines += ["", "in-process body compute of k single-token steps (no server; median ms):",
               f"{'sessions':>8} {'one by one':>10} {'packed':>8} {'x':>6}"]
@@ -290,6 +316,11 @@ def batching_document(raw: dict) -> dict:
         add_metric(doc, run, "speedup", metric(row["speedup"], kind="info"))
         if "speedup_vs_best_unbatched" in row:
             add_metric(doc, run, "speedup_vs_best_unbatched", metric(row["speedup_vs_best_unbatched"], kind="info"))
+        for name in ("step_ms_p50", "step_ms_p90"):
+            add_metric(doc, run, name, metric(row[name], higher_is_better=False, kind="info", unit="ms",
+                                              n=row["steps_timed"]))
+        add_metric(doc, run, "p50_vs_best_unbatched", metric(row["p50_vs_best_unbatched"], higher_is_better=False,
+                                                             kind="info"))
         add_metric(doc, run, "kv_bytes_per_session", metric(row["kv_bytes_per_session"], higher_is_better=False,
                                                             kind="info", unit="B"))
         add_metric(doc, run, "max_abs_diff", metric(row["max_abs_diff"], higher_is_better=False, kind="info"))

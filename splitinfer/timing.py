@@ -142,6 +142,11 @@ class StepTimeModel:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: dict) -> StepTimeModel:
+        """The model :meth:`to_dict` wrote (JSON lists back to tuples)."""
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
 
 def _decode_steps(steps: Sequence[StepTiming], skip_prefill: bool) -> list[StepTiming]:
     return list(steps[1:]) if skip_prefill and len(steps) > 1 else list(steps)

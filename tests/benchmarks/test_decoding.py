@@ -85,3 +85,20 @@ def test_humaneval_and_subset_runs_replay_the_rest(monkeypatch, tmp_path):
     per = replay_config(refs, "suffix", {}, {"code"})  # the code prompts come first: the same suffix history
     assert per["code"] == [(r["tokens"], len(r["steps"])) for r in runs["suffix"][:2]]
     assert table_row(per, ["code"])["code"] == summarize(results)["suffix"]["tau"]["code"]  # pooled the same way
+    from splitinfer.timing import StepTimeModel
+
+    model = StepTimeModel.from_dict(results["step_model"]).project(80.0, 100.0)  # decoding_tune --step-model
+    timed = replay_config(refs, "suffix", {}, {"code"}, step_model=model)
+    assert [p[:2] for p in timed["code"]] == per["code"]  # the same replay, with each prompt's modelled ms
+    row = table_row(timed, ["code"])
+    assert row["tok_s_cpu80"] == pytest.approx(1e3 * sum(p[0] for p in timed["code"]) / sum(p[2] for p in timed["code"]))
+    assert row["tok_s_flat80"] >= row["tok_s_cpu80"] > 0  # flat compute never costs more than T positions' compute
+
+
+def test_decoding_tune_names_a_step_model_file_without_fitted_costs(tmp_path):
+    from benchmarks.decoding_tune import load_step_model
+
+    bad = tmp_path / "summary.json"
+    bad.write_text('{"config": {}}')
+    with pytest.raises(SystemExit, match="no fitted step costs"):
+        load_step_model(bad)
