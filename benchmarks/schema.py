@@ -223,6 +223,23 @@ def _git(repo_dir: Path, *args: str) -> str | None:
     return proc.stdout if proc.returncode == 0 else None
 
 
+_AT_START: dict[Path, tuple[str, bool | None]] = {}  # checkout -> its state when the running command began
+
+
+def remember_git_state(repo_dir: str | os.PathLike[str] | None = None) -> None:
+    """Take the checkout's state now, at a command's start: results documents made later by the same command
+    record it, not the state after the run has written its own outputs (plots, partial files) into the tree.
+
+    A run writing into a clean checkout's ``reports/`` was recorded dirty by the files it had just made."""
+    repo = (Path(repo_dir) if repo_dir is not None else _REPO_DIR).resolve()
+    _AT_START[repo] = git_state(repo)
+
+
+def forget_git_state() -> None:
+    """Back to reading the checkout's state live (a command has ended)."""
+    _AT_START.clear()
+
+
 def git_state(repo_dir: str | os.PathLike[str] | None = None) -> tuple[str, bool | None]:
     """``(HEAD commit or "unknown", dirty flag or None)`` of the checkout at ``repo_dir``.
 
@@ -305,7 +322,8 @@ def new_results(
         json.dumps(config, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise SchemaError(f"config is not JSON-serialisable: {exc}") from exc
-    git_hash, dirty = git_state(repo_dir)
+    repo = (Path(repo_dir) if repo_dir is not None else _REPO_DIR).resolve()
+    git_hash, dirty = _AT_START.get(repo) or git_state(repo)
     from attacks.plugins import records
 
     config = {**config, "plugins": config.get("plugins", records())}  # provenance of every loaded plugin

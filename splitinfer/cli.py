@@ -62,7 +62,7 @@ def plugin_args(argv: list[str]) -> tuple[list[str], list[str]]:
 def main(argv: list[str] | None = None) -> int:
     from attacks.errors import AttackError
     from attacks.plugins import discover, load_modules
-    from benchmarks.schema import SchemaError
+    from benchmarks.schema import SchemaError, forget_git_state, remember_git_state
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     quiet_libraries()
 
+    remember_git_state()  # results record the code as the command found it, not with its own outputs written
     try:
         return int(args.func(args) or 0)
     except (SplitInferError, AttackError, SchemaError) as e:
@@ -85,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("splitinfer: interrupted", file=sys.stderr)
         return 130
+    finally:
+        forget_git_state()
 
 
 if __name__ == "__main__":

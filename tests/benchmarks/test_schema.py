@@ -60,6 +60,49 @@ def test_git_hash_and_dirty_flag(tmp_path):
     assert schema.new_results({}, "ci", repo_dir=tmp_path)["git_dirty"] is True
 
 
+def test_a_run_is_recorded_as_the_checkout_was_when_it_started(tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "a.txt").write_text("a")
+    git("add", "a.txt")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "init")
+    schema.remember_git_state(tmp_path)  # what the CLI does when a command starts
+    try:
+        (tmp_path / "reports").mkdir()
+        (tmp_path / "reports" / "plot.png").write_bytes(b"the run's own output")  # untracked, written by the run
+        assert schema.new_results({}, "ci", repo_dir=tmp_path)["git_dirty"] is False  # was True
+    finally:
+        schema.forget_git_state()
+    assert schema.new_results({}, "ci", repo_dir=tmp_path)["git_dirty"] is True  # read live again
+
+
+def test_the_cli_records_a_bench_document_as_the_checkout_was_at_its_start(tmp_path, monkeypatch):
+    from splitinfer import cli
+
+    seen = {}
+
+    def fake_bench(args):  # a command that writes its output into the tree, then makes its document
+        seen["doc"] = schema.new_results({}, "ci")
+        return 0
+
+    started = schema.git_state()
+    monkeypatch.setattr(cli, "build_parser", lambda: _parser_running(fake_bench))
+    assert cli.main([]) == 0
+    assert (seen["doc"]["git_hash"], seen["doc"]["git_dirty"]) == started
+    assert not schema._AT_START  # forgotten when the command ends
+
+
+def _parser_running(func):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--verbose", action="store_true")
+    parser.set_defaults(func=func)
+    return parser
+
+
 def test_round_trip_save_load(tmp_path):
     res = make_results(tmp_path)
     path = schema.save(res, tmp_path / "out" / "results.json")
