@@ -208,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--refs", required=True, help="reference file (built when missing)")
     ap.add_argument("--humaneval", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=200)
-    ap.add_argument("--config", action="append", default=[], help="LABEL=NAME:K=V,K=V (list values with ;)")
+    ap.add_argument("--config", action="append", default=[],
+                    help="LABEL=NAME:K=V,K=V (list values with ;; the label holds no '=')")
     ap.add_argument("--json", default=None, help="write the table here")
     ap.add_argument("--peers", action="store_true", help="also run transformers' prompt lookup on every prompt (slow)")
     ap.add_argument("--prompt-split", choices=("dev", "test"), default=None,
@@ -250,4 +251,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from splitinfer.errors import SplitInferError
+
+    try:
+        raise SystemExit(main())
+    except SplitInferError as e:  # a bad --config names itself in one line
+        raise SystemExit(f"decoding_tune: error: {e}") from None
