@@ -1,12 +1,16 @@
 """README claims keyed to (report, row, metric), checked against the committed reports (issue 28, finding 9).
 
-A claim is an HTML comment inside the README bullet that states the figure (invisible when rendered)::
+A claim is an HTML comment inside the bullet or table row that states the figure (README.md and
+docs/findings.md; invisible when rendered)::
 
     <!-- claim: reports/quick/results.json | attacks/seq-decoder/head:1 | token_acc_top1 | 92.8% [91.3, 94.3] n=3522 -->
     <!-- claim: reports/attacks_learned/report.md | 6 | top-1 % [95% CI] | 92.0 [91.7, 92.4] -->
     <!-- claim: reports/full_defenses/78da72b/merged/report.md | 8 & quant(format=int8) | next-token agreement | 94.2 -->
 
-Fields, separated by ``|``:
+Fields, separated by ``|`` (inside a Markdown table cell, written ``\\|`` so that the comment stays in its cell,
+as in the README's findings table)::
+
+    | ... | `reports/quick/results.json` <!-- claim: reports/quick/results.json \\| attacks/... \\| ... --> |
 
 1. **report**: a committed file. A ``.json`` file is a results document (``results[run][metric] =
    {value, ci_low, ci_high, n}``, DESIGN.md section 7); a ``.md`` or ``.txt`` file is read for its
@@ -79,7 +83,7 @@ def parse_claims(text: str) -> list[Claim]:
     """Every claim comment of ``text``, in order."""
     out = []
     for m in CLAIM.finditer(text):
-        parts = [p.strip() for p in m.group(1).split("|")]
+        parts = [p.strip() for p in re.split(r"\\?\|", m.group(1))]  # '\|' in a table cell
         if len(parts) != 4 or not all(parts):
             raise ClaimError(f"claim {m.group(0)!r} needs four fields: 'claim: report | row | metric | figure'")
         out.append(Claim(parts[0], parts[1], parts[2], parse_shown(parts[3]), m.group(0)))

@@ -1,13 +1,15 @@
-"""Every claim of the README's "What the committed reports show" section is backed by the reports it names.
+"""Every claim of the "What the committed reports show" sections (README.md and docs/findings.md) is backed by
+the reports it names.
 
-Keyed claims (issue 28, finding 9): a bullet states its figures in HTML comments keyed to (report, row,
-metric) (:mod:`benchmarks.claims` gives the format); each is compared with that row's value, interval and count,
-and the figures it states must appear in the bullet's prose. Figures no claim comment covers are still held to
-the weaker check below.
+Keyed claims (issue 28, finding 9): a bullet or table row states its figures in HTML comments keyed to (report,
+row, metric) (:mod:`benchmarks.claims` gives the format); each is compared with that row's value, interval and
+count, and the figures it states must appear in the bullet's or row's prose. Figures no claim comment covers are
+still held to the weaker check below.
 
 The README is where users read the suite's figures, so a figure that is not in the committed report it cites is
 a wrong number in public (issue 14, finding 12: tau 2.18 where the report said 2.22, a float32 floor no report
-showed). For every bullet of that section this test checks that
+showed). For every item of those sections (a top-level bullet, or a body row of a Markdown table) this test
+checks that
 
 - it names at least one committed report (a backticked ``reports/...`` path), and every path it names exists;
 - every decimal figure it states (``92.8``, ``2.37``, ``0.960``, ``[98.2, 100.0]``) occurs, written the same
@@ -27,17 +29,33 @@ from benchmarks.claims import check_claim, parse_claims, strip_claims, unshown_f
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTION = "## What the committed reports show"
+CLAIM_FILES = ("README.md", "docs/findings.md")  # the README's table and the findings it moved to docs/
 REPORT_PATH = re.compile(r"`(reports/[^`\s]+)`")
 DECIMAL = re.compile(r"(?<![\w.])\d+\.\d+(?!\w)")
+TABLE_RULE = re.compile(r"\|(\s*:?-+:?\s*\|)+")
 TEXT_SUFFIXES = (".md", ".txt", ".json")
 
 
-def claim_bullets(readme: str) -> list[str]:
-    """The top-level bullets of the README's claims section, each as one string."""
-    if SECTION not in readme:
-        raise AssertionError(f"the README has no '{SECTION}' section")
-    body = readme.split(SECTION, 1)[1].split("\n## ", 1)[0]
-    return [b.strip() for b in re.split(r"\n- ", "\n" + body)[1:]]
+def table_rows(lines: list[str]) -> list[str]:
+    """The body rows of every Markdown table in ``lines`` (not the header, not the rule under it)."""
+    rows, in_body = [], False
+    for line in lines:
+        if not line.startswith("|"):
+            in_body = False
+        elif TABLE_RULE.fullmatch(line.strip()):
+            in_body = True
+        elif in_body:
+            rows.append(line.strip())
+    return rows
+
+
+def claim_items(text: str) -> list[str]:
+    """The items of a file's claims section, each as one string: its table body rows, then its top-level bullets."""
+    if SECTION not in text:
+        raise AssertionError(f"no '{SECTION}' section")
+    lines = text.split(SECTION, 1)[1].split("\n## ", 1)[0].splitlines()
+    prose = "\n".join(line for line in lines if not line.startswith("|"))
+    return table_rows(lines) + [b.strip() for b in re.split(r"\n- ", "\n" + prose)[1:]]
 
 
 def report_text(path: Path) -> str:
@@ -56,17 +74,43 @@ def unbacked_figures(bullet: str, root: Path = ROOT) -> tuple[list[str], list[st
     return missing, [n for n in DECIMAL.findall(bullet) if n not in shown and n not in keyed]  # 8.0 is not 38.0
 
 
-BULLETS = claim_bullets((ROOT / "README.md").read_text(encoding="utf-8"))
-KEYED = [(c, b) for b in BULLETS for c in parse_claims(b)]
+ITEMS = {name: claim_items((ROOT / name).read_text(encoding="utf-8")) for name in CLAIM_FILES}
+BULLETS = [(name, item) for name in CLAIM_FILES for item in ITEMS[name]]
+KEYED = [(c, b) for _, b in BULLETS for c in parse_claims(b)]
+README_ROWS = table_rows((ROOT / "README.md").read_text(encoding="utf-8").split(SECTION, 1)[1]
+                         .split("\n## ", 1)[0].splitlines())
 
 
-def test_the_claims_section_has_claims():
-    assert len(BULLETS) >= 5
+@pytest.mark.parametrize("name", CLAIM_FILES)
+def test_the_claims_section_has_claims(name):
+    assert len(ITEMS[name]) >= 5
 
 
-@pytest.mark.parametrize("bullet", BULLETS, ids=[re.sub(r"\W+", "-", b[:40]).strip("-") for b in BULLETS])
-def test_each_claim_names_existing_reports_that_show_its_figures(bullet):
-    assert REPORT_PATH.search(bullet), f"claim names no committed report: {bullet[:80]!r}"
+def test_the_readme_leads_with_one_keyed_table():
+    """The README's findings open with one table of 8-12 headline rows, each keyed to a report row."""
+    assert 8 <= len(README_ROWS) <= 12
+    assert all(parse_claims(row) for row in README_ROWS), [r[:60] for r in README_ROWS if not parse_claims(r)]
+
+
+def test_table_rows_are_items_and_their_escaped_claims_parse():
+    text = ("intro\n\n" + SECTION + "\n\n| finding | figure | report |\n|---|---|---|\n"
+            "| tau | 2.22 | `reports/r/` <!-- claim: reports/r/results.json \\| a/b \\| tau \\| 2.22 --> |\n\n"
+            "- a bullet (`reports/r/`)\n  more\n\n## Next\n\n- not an item\n")
+    items = claim_items(text)
+    assert [i[:5] for i in items] == ["| tau", "a bul"]
+    (claim,) = parse_claims(items[0])
+    assert (claim.report, claim.row, claim.metric, claim.shown.value) == \
+        ("reports/r/results.json", "a/b", "tau", "2.22")
+    assert "claim" not in strip_claims(items[0])
+
+
+def _item_id(name: str, item: str) -> str:
+    return name + ":" + re.sub(r"\W+", "-", item[:40]).strip("-")
+
+
+@pytest.mark.parametrize("name, bullet", BULLETS, ids=[_item_id(n, b) for n, b in BULLETS])
+def test_each_claim_names_existing_reports_that_show_its_figures(name, bullet):
+    assert REPORT_PATH.search(bullet), f"claim in {name} names no committed report: {bullet[:80]!r}"
     missing, unbacked = unbacked_figures(bullet)
     assert not missing, f"claim names reports that do not exist: {missing}"
     assert not unbacked, f"figures not in the reports the claim names: {unbacked} in {bullet[:80]!r}"

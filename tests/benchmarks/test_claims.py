@@ -67,6 +67,15 @@ def test_a_wrong_count_fails(root):
     assert any("n=16" in p for p in check_claim(claim, root))
 
 
+def test_a_claim_in_a_table_cell_escapes_its_separators(root):
+    """In a Markdown table row the separators are written '\\|' (a bare '|' would end the cell); same claim."""
+    fields = ["reports/r/results.json", "defenses/head:8/noise", "recovery_top1", "84.4% [81.2, 87.5] n=64"]
+    plain = one("<!-- claim: " + " | ".join(fields) + " -->")
+    cell = one("<!-- claim: " + r" \| ".join(fields) + " -->")
+    assert (cell.report, cell.row, cell.metric, cell.shown) == (plain.report, plain.row, plain.metric, plain.shown)
+    assert check_claim(cell, root) == []
+
+
 def test_a_missing_row_metric_or_report_fails(root):
     assert "not a run" in check_claim(one("<!-- claim: reports/r/results.json | x | recovery_top1 | 1 -->"), root)[0]
     assert "not in row" in check_claim(
