@@ -56,6 +56,7 @@ class LMPriorMatch(WhitenedVocabMatch):
     """White-box (exact), adaptive: beam-searched matching under the noise's likelihood plus a public-LM prior."""
 
     requires = frozenset({"head_weights", "language_model"})
+    applies_to = ("noise",)  # its noise-scale estimate assumes one clip for every position (not pclip's C_t)
     defaults = {**WhitenedVocabMatch.defaults, "covariance": "isotropic", "lam": 1.0, "noise_scale": "states"}
 
     def __init__(self, **kwargs: Any):

@@ -71,5 +71,5 @@ class SessionAverage(WhitenedVocabMatch):
         inv.info["repeats"] = len(sessions)
         return inv
 
-    def log_likelihood(self, h, obs):  # (B, d), (d,) -> (B,): the mean's covariance is Sigma / r
-        return self.repeats_seen * super().log_likelihood(h, obs)
+    def log_likelihood(self, h, obs, t=None):  # (B, d), (d,) -> (B,): the mean's covariance is Sigma / r
+        return self.repeats_seen * super().log_likelihood(h, obs, t)

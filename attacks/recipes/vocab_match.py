@@ -199,8 +199,9 @@ class VocabMatch(InversionAttack):
         self.proposer.fitted = True
 
     # ------------------------------------------------------------ inversion
-    def distance(self, h: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
-        """(B, d) candidate states, (d,) observed -> (B,) distances; adaptive subclasses model the defense."""
+    def distance(self, h: torch.Tensor, obs: torch.Tensor, t: int | None = None) -> torch.Tensor:
+        """(B, d) candidate states, (d,) observed at position ``t`` -> (B,) distances; adaptive subclasses model
+        the defense (a clip calibrated per position needs ``t``)."""
         return match_distance(h, obs)
 
     def _orders(self, taps: Taps) -> tuple[torch.Tensor | None, np.ndarray | None]:
@@ -234,7 +235,7 @@ class VocabMatch(InversionAttack):
         ctx["tried"][cand] = True
         ids = torch.as_tensor(cand, device=ctx["device"])  # (B,)
         h = ctx["stack"].run_layers(ctx["embed"](ids)[:, None, :], ctx["pos"], ctx["cache"], None)  # (B, 1, d)
-        dist = self.distance(h[:, 0].float(), ctx["obs"])  # (B,)
+        dist = self.distance(h[:, 0].float(), ctx["obs"], int(ctx["pos"][0]))  # (B,)
         ctx["forwards"] += 1
         ctx["ids"].append(cand)
         ctx["dists"].append(dist.cpu().numpy())

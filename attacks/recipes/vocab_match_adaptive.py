@@ -19,6 +19,13 @@ and replaces the distance:
   clipped, the true token matches exactly and is accepted at once, and the
   ``max_candidates`` cap is lifted (a capped scan there missed what a full
   one finds: 62.5% against 100.0% at head 8 of the quick suite's data).
+- ``pclip`` and ``shaped-noise`` (a clip C_t calibrated per position t,
+  noise of std ``sigma C_t w`` with the public per-dimension shape ``w``; ones
+  for ``pclip``): the same likelihood with the position's clip and the noise's
+  own per-dimension std, ``sum_j (y_j - clip_t(h_v)_j)^2 / (sigma C_t w_j)^2``
+  (:meth:`release_clip`, :meth:`noise_std`); with ``sigma = 0`` the clip
+  alone, matched exactly like ``noise``'s. The clips and the shape are public
+  (the defense's profile).
 - ``quant``: dequantise-then-match: candidates are put through the same
   quantiser (on the fp16 wire values) before the elementwise-relative distance,
   so the true token matches to float rounding and the early acceptance holds.
@@ -58,6 +65,7 @@ from attacks.registry import register_attack
 from attacks.tapdata import Taps
 from splitinfer.defenses import DefenseError, DefensePipeline
 from splitinfer.defenses.noise import clip_rows
+from splitinfer.defenses.pclip import PositionClip
 from splitinfer.defenses.permute import READERS
 
 log = logging.getLogger(__name__)
@@ -78,12 +86,15 @@ class AdaptiveVocabMatch(VocabMatch):
         except DefenseError as e:
             raise AttackError(f"vocab-match-adaptive: {e}") from None
         self.noise = self.defense.get("noise")
+        self.pclip = next((d for d in self.defense.items if isinstance(d, PositionClip)), None)  # + shaped-noise
+        self._pclip_tensors: tuple[torch.Tensor, torch.Tensor] | None = None  # (clips (K+1,), shape (d,))
         for key in ("beam", "full_vocab_max", "capped_candidates"):
             if isinstance(self.hparams[key], bool) or not isinstance(self.hparams[key], int) or self.hparams[key] < 1:
                 raise AttackError(f"vocab-match-adaptive {key}={self.hparams[key]!r}; give an integer >= 1")
         # no exact match is possible under noise or privately changed local layers: beam search over positions
-        self.inexact = (self.noise is not None and self.noise.sigma > 0) or bool(self.defense.model_items)
-        if self.hparams["max_candidates"] == "auto" or (self.noise is not None and not self.inexact):
+        clipped = [d for d in (self.noise, self.pclip) if d is not None]
+        self.inexact = any(d.sigma > 0 for d in clipped) or bool(self.defense.model_items)
+        if self.hparams["max_candidates"] == "auto" or (clipped and not self.inexact):
             # exact cases stop at the match, so the whole vocabulary is affordable (the clip alone is
             # deterministic and public: a capped scan there missed what a full one finds, 62.5% against 100.0%
             # at head 8 of the quick suite's data); inexact ones score every candidate: see candidate_cap
@@ -146,15 +157,39 @@ class AdaptiveVocabMatch(VocabMatch):
             return self._beam_invert(self._observed(taps), k)
         return super()._invert(self._observed(taps), k)
 
-    def log_likelihood(self, h: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
-        """(B, d) candidate states, (d,) observed -> (B,) log-likelihood of the observation (up to a constant).
+    def log_likelihood(self, h: torch.Tensor, obs: torch.Tensor, t: int | None = None) -> torch.Tensor:
+        """(B, d) candidate states, (d,) observed at position ``t`` -> (B,) log-likelihood (up to a constant).
 
-        Noise: the Gaussian's ``-||y - clip(h)||^2 / (2 (sigma C)^2)``. Otherwise (private local layers) the
+        Noise: the Gaussian's ``-||(y - clip_t(h)) / std_t||^2 / 2``. Otherwise (private local layers) the
         elementwise relative error treated as Gaussian with scale ``match_tau`` (it matters only beside a prior).
         """
+        if self.noise_std(t, h.shape[-1]) is not None:
+            return -0.5 * h.shape[-1] * self.distance(h, obs, t)
+        return -0.5 * h.shape[-1] * (self.distance(h, obs, t) / float(self.hparams["match_tau"])) ** 2
+
+    def _pclip_public(self, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """pclip / shaped-noise's public profile, loaded once: (K+1,) clips and the (d,) noise shape."""
+        if self._pclip_tensors is None:
+            self._pclip_tensors = self.pclip.tensors()["clips"].float(), self.pclip.noise_scale(d).float()
+        return self._pclip_tensors
+
+    def release_clip(self, t: int | None, d: int = 1) -> float | None:
+        """The clip the wire defense applied at position ``t`` (``noise``: its one C; ``pclip`` /
+        ``shaped-noise``: C_t, the last clip for positions past the calibrated ones), or None."""
+        if self.noise is not None:
+            return float(self.noise.clip)
+        if self.pclip is not None:
+            clips = self._pclip_public(d)[0]
+            return float(clips[min(int(t or 0), len(clips) - 1)])
+        return None
+
+    def noise_std(self, t: int | None, d: int) -> torch.Tensor | None:
+        """(d,) std of the released noise at position ``t``, or None when the release is noise-free."""
         if self.noise is not None and self.noise.sigma > 0:
-            return -0.5 * h.shape[-1] * self.distance(h, obs)
-        return -0.5 * h.shape[-1] * (self.distance(h, obs) / float(self.hparams["match_tau"])) ** 2
+            return torch.full((d,), float(self.noise.sigma * self.noise.clip))
+        if self.pclip is not None and self.pclip.sigma > 0:
+            return self.pclip.sigma * self.release_clip(t, d) * self._pclip_public(d)[1]
+        return None
 
     def language_prior(self) -> tuple[Any, float]:
         """(an LM prior over ``beam`` rows, its weight); none here (see ``lm-prior-match``)."""
@@ -192,7 +227,7 @@ class AdaptiveVocabMatch(VocabMatch):
                 return h[:, 0].float()  # (B, d)
 
             def loglik(h: torch.Tensor, t: int, obs: torch.Tensor = obs) -> torch.Tensor:
-                return self.log_likelihood(h, obs[t])
+                return self.log_likelihood(h, obs[t], t)
 
             res = beam_match(rows.stop - rows.start, candidates, forward, loglik, cache.commit, int(hp["beam"]),
                              int(hp["max_batch"]), k, lm, lam)
@@ -205,11 +240,15 @@ class AdaptiveVocabMatch(VocabMatch):
                  int(hp["beam"]), cap, info["seconds_per_token"])
         return Inversion(topk[:, 0], topk, scores, info)
 
-    def distance(self, h: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:  # (B, d), (d,) -> (B,)
-        if self.noise is not None:
-            h = clip_rows(h, self.noise.clip)
-            if self.noise.sigma > 0:
-                return (h - obs).pow(2).mean(-1) / (self.noise.sigma * self.noise.clip) ** 2
+    def distance(self, h: torch.Tensor, obs: torch.Tensor, t: int | None = None) -> torch.Tensor:
+        """(B, d), (d,) observed at position ``t`` -> (B,); under noise the mean squared standardised residual
+        (about 1 for the true token: a chi-square over its degrees of freedom)."""
+        clip = self.release_clip(t, h.shape[-1])
+        if clip is not None:
+            h = clip_rows(h, clip)
+            std = self.noise_std(t, h.shape[-1])
+            if std is not None:
+                return ((h - obs) / std.to(h.device)).pow(2).mean(-1)
         if self.defense.codec is not None:
             wire = getattr(self, "wire", torch.float16)
             h = h.to(wire)  # (B, d) on the victim's wire

@@ -14,7 +14,9 @@ towards its mean variance by ``shrinkage``, Ledoit-Wolf style), ``diagonal`` or 
 variance: Euclidean matching, the comparison). Each candidate v is scored by ``-1/2 r_v^T Sigma^-1 r_v`` with
 ``r_v = y - clip(h_v)``, in :class:`AdaptiveVocabMatch`'s beam search over positions (whole vocabulary up to
 ``full_vocab_max`` tokens, else the proposer's first ``capped_candidates``). The clip C is the wire defense's
-public ``clip`` where it has one.
+public ``clip`` where it has one; under ``pclip`` and ``shaped-noise`` it is the position's calibrated C_t and
+the residuals are divided by C_t before the covariance is estimated (their noise is ``sigma C_t w z``: one
+covariance over positions after that scaling), and so is each candidate's residual when it is scored.
 
 Deviations from the paper: the covariance is estimated from the attacker's own releases (the paper's
 attacker is told Sigma); full covariance needs many more residuals than dimensions (d = 576 on the default
@@ -61,7 +63,7 @@ def whitened_sq(r: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
 class WhitenedVocabMatch(AdaptiveVocabMatch):
     """White-box (exact), adaptive: beam-searched matching scored by the noise's Mahalanobis likelihood."""
 
-    applies_to = ("noise",)  # the defenses it is designed to break (the defenses stage's attacker lists)
+    applies_to = ("noise", "pclip", "shaped-noise")  # the defenses it is designed to break (the stage's lists)
     defaults = {**AdaptiveVocabMatch.defaults, "covariance": "diagonal", "shrinkage": 0.1,
                 "residual_tokens": 20000}
 
@@ -73,18 +75,35 @@ class WhitenedVocabMatch(AdaptiveVocabMatch):
         if not 0 <= float(self.hparams["shrinkage"]) <= 1:
             raise AttackError(f"{self.name} shrinkage={self.hparams['shrinkage']!r}; give a number in [0, 1]")
         self.inexact = True  # noise of any shape: nothing matches exactly, every position is beam-searched
-        clips = [getattr(d, "clip") for d in self.defense.transforms if getattr(d, "clip", None)]
-        self.clip = float(clips[0]) if clips else None
         self.factor: torch.Tensor | None = None  # precision_factor of the fitted residuals
 
-    def _clip(self, h: torch.Tensor) -> torch.Tensor:
-        return h if self.clip is None else clip_rows(h, self.clip)
+    def _clip(self, h: torch.Tensor, positions: np.ndarray | int | None = None) -> torch.Tensor:
+        """(B, d) states clipped as the wire defense clipped them at ``positions`` (one per row, or one for all)."""
+        clips = self._row_clips(positions, len(h), h.shape[-1])
+        return h if clips is None else clip_rows(h, clips.to(h.device))
+
+    def _row_clips(self, positions, n: int, d: int) -> torch.Tensor | None:
+        """(n, 1) clip of each row, or None without a clip."""
+        pos = np.asarray(0 if positions is None else positions).reshape(-1)
+        clip = {int(p): self.release_clip(int(p), d) for p in np.unique(pos)}  # one look-up per position
+        if None in clip.values():
+            return None
+        if len(pos) == 1:
+            return torch.full((n, 1), float(clip[int(pos[0])]))
+        return torch.tensor([clip[int(p)] for p in pos], dtype=torch.float32)[:, None]
+
+    def _row_scale(self, positions, n: int, d: int) -> torch.Tensor:
+        """(n, 1) what the noise's std grows with at each row: C_t under pclip / shaped-noise, else 1."""
+        clips = self._row_clips(positions, n, d) if self.pclip is not None else None
+        return torch.ones(n, 1) if clips is None else clips
 
     def _fit(self, train: Taps, val: Taps | None, trainer: Any) -> None:
         super()._fit(train, val, trainer)
         own = train.head_tokens(int(self.hparams["residual_tokens"]))
         clean = torch.from_numpy(np.asarray(self._public_view(own).hidden, dtype=np.float32))  # (N, d)
-        r = torch.from_numpy(np.asarray(own.hidden, dtype=np.float32)) - self._clip(clean)  # (N, d)
+        pos, d = own.positions(), clean.shape[-1]
+        y = torch.from_numpy(np.asarray(own.hidden, dtype=np.float32))  # (N, d)
+        r = (y - self._clip(clean, pos)) / self._row_scale(pos, len(pos), d)  # (N, d)
         self.factor = precision_factor(r, str(self.hparams["covariance"]), float(self.hparams["shrinkage"]))
         self.fit_report.update(residuals=int(len(r)), noise_rms=float(r.pow(2).mean().sqrt()))
 
@@ -96,5 +115,7 @@ class WhitenedVocabMatch(AdaptiveVocabMatch):
         super()._load_state({k: v for k, v in tensors.items() if k != "factor"}, state)
         self.factor = tensors["factor"].float()
 
-    def log_likelihood(self, h: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:  # (B, d), (d,) -> (B,)
-        return -0.5 * whitened_sq(obs - self._clip(h), self.factor.to(h.device))
+    def log_likelihood(self, h: torch.Tensor, obs: torch.Tensor, t: int | None = None) -> torch.Tensor:
+        """(B, d), (d,) observed at position ``t`` -> (B,): minus half the squared Mahalanobis residual."""
+        scale = float(self._row_scale(t, 1, h.shape[-1])[0, 0])
+        return -0.5 * whitened_sq((obs - self._clip(h, t)) / scale, self.factor.to(h.device))

@@ -135,3 +135,40 @@ def test_whole_vocabulary_where_affordable_and_the_cap_is_stated(tiny):
                        max_candidates=300).candidate_cap(49152) == 300
     with pytest.raises(AttackError, match="beam=0"):
         make_attack("vocab-match-adaptive", defense="noise(sigma=0.1,clip=3.0)", beam=0)
+
+
+def _pclip_spec(tmp_path, monkeypatch, sigma: float, shaped: bool = False) -> str:
+    """A pclip (or shaped-noise) profile whose clips differ per position and cut every state of the tiny model
+    (norms about 19), so a candidate matches only once clipped at its own position's C_t."""
+    from splitinfer.defenses.pclip import save_clips
+
+    monkeypatch.setenv("SPLITINFER_PROFILES", str(tmp_path / "profiles"))
+    clips = torch.tensor([3.0, 2.0, 4.0, 2.5, 3.5])  # (K+1,): positions 0-3, then 4 onwards
+    if not shaped:
+        return f"pclip(sigma={sigma},percentile=90.0,profile={save_clips(clips, 90.0, {'t': 1})})"
+    scale = torch.linspace(0.2, 1.8, 64)
+    scale = scale / scale.pow(2).mean().sqrt()  # (d,) mean square 1, as fisher_scale makes it
+    key = save_clips(clips, 90.0, {"t": 2}, {"scale": scale}, kind="shaped-noise")
+    return f"shaped-noise(sigma={sigma},percentile=90.0,profile={key})"
+
+
+@pytest.mark.parametrize("sigma,shaped", [(0.0, False), (0.1, False), (0.1, True)])
+def test_a_clip_calibrated_per_position_is_matched_with_the_positions_own_clip(tiny, taps, tmp_path, monkeypatch,
+                                                                               sigma, shaped):
+    """Before, pclip and shaped-noise were treated as deterministic and unclipped (the attacker read only
+    ``noise``): the true token was never accepted and the first match was taken."""
+    assert tiny.hidden_size == 64
+    spec = _pclip_spec(tmp_path, monkeypatch, sigma, shaped)
+    adaptive = _top1(tiny, spec, taps, max_candidates=256, batch_sizes=[256], beam=1)
+    plain = _top1(tiny, spec, taps, name="vocab-match", max_candidates=256, batch_sizes=[256], grad_steps=0)
+    assert adaptive > 0.9 and plain < 0.5, (adaptive, plain)
+
+
+def test_the_whitened_attacker_runs_against_shaped_noise(tiny, taps, tmp_path, monkeypatch):
+    from attacks.defended import applies
+    from attacks.registry import get_attack_class
+
+    spec = _pclip_spec(tmp_path, monkeypatch, 0.1, shaped=True)
+    assert applies(get_attack_class("vocab-match-whitened"), DefensePipeline.parse(spec))  # was noise only
+    public = DefensePipeline.parse(spec).shareable_label  # what the attacker is told: the profile, not the seed
+    assert _top1(tiny, spec, taps, name="vocab-match-whitened", defense=public, batch_sizes=[256], beam=1) > 0.9
