@@ -43,14 +43,19 @@ def test_new_results_fills_the_header(tmp_path):
     schema.validate(res)
 
 
-def test_git_hash_and_dirty_flag(tmp_path):
+def _one_commit_repo(path) -> None:
+    """A git repository at ``path`` with one committed file, ``a.txt``."""
     def git(*args):
-        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+        subprocess.run(["git", "-C", str(path), *args], check=True, capture_output=True)
 
     git("init", "-q")
-    (tmp_path / "a.txt").write_text("a")
+    (path / "a.txt").write_text("a")
     git("add", "a.txt")
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "init")
+
+
+def test_git_hash_and_dirty_flag(tmp_path):
+    _one_commit_repo(tmp_path)
     head = subprocess.run(
         ["git", "-C", str(tmp_path), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
     ).stdout.strip()
@@ -61,13 +66,7 @@ def test_git_hash_and_dirty_flag(tmp_path):
 
 
 def test_a_run_is_recorded_as_the_checkout_was_when_it_started(tmp_path):
-    def git(*args):
-        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
-
-    git("init", "-q")
-    (tmp_path / "a.txt").write_text("a")
-    git("add", "a.txt")
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "init")
+    _one_commit_repo(tmp_path)
     schema.remember_git_state(tmp_path)  # what the CLI does when a command starts
     try:
         (tmp_path / "reports").mkdir()
