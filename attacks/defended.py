@@ -37,13 +37,18 @@ def public_mask(taps: Taps, i: int, rows: slice) -> np.ndarray:
     return template_token_mask(off, spans)  # template spans and zero-width (added) tokens
 
 
+def wire_dtype_of(taps: Taps) -> torch.dtype:
+    """The dtype the taps' states crossed the wire in: the model family's (bf16 for Gemma), else fp16."""
+    return torch.bfloat16 if taps.meta.get("wire_dtype") == "bf16" else torch.float16
+
+
 def defend_taps(taps: Taps, pipeline: DefensePipeline, session0: int = 0) -> Taps:
     """(N, d) states -> (N, d) float32 states as the cloud's body receives them under ``pipeline``'s wire part
     (public positions passed to the defenses that release them untouched)."""
     if not pipeline.transforms and pipeline.codec is None:
         return taps
     out = np.empty(taps.hidden.shape, dtype=np.float32)
-    wire = torch.bfloat16 if taps.meta.get("wire_dtype") == "bf16" else torch.float16  # the family's wire
+    wire = wire_dtype_of(taps)
     for i, rows in taps.sequences():
         h = torch.from_numpy(np.asarray(taps.hidden[rows], dtype=np.float32)).to(wire)  # (T, d) as on the wire
         out[rows] = pipeline.simulate_up(h, taps.token_ids[rows].tolist(), session0 + i,

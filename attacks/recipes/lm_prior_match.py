@@ -39,6 +39,7 @@ from attacks.recipes._beam import CausalLMPrior
 from attacks.recipes.vocab_match_whitened import WhitenedVocabMatch
 from attacks.registry import register_attack
 from attacks.tapdata import Taps
+from splitinfer.defenses.noise import clip_rows
 from splitinfer.tokens import added_tokens
 
 SCALES = ("public", "states")
@@ -71,7 +72,9 @@ class LMPriorMatch(WhitenedVocabMatch):
     def _fit(self, train: Taps, val: Taps | None, trainer: Any) -> None:
         super()._fit(train, val, trainer)
         own = train.head_tokens(int(self.hparams["residual_tokens"]))
-        clean = self._clip(torch.from_numpy(np.asarray(self._public_view(own).hidden, dtype=np.float32)))
+        clean = torch.from_numpy(np.asarray(self._public_view(own).hidden, dtype=np.float32))  # (N, d)
+        clip = self.release_clip(None, clean.shape[-1])  # noise only: one clip for every position
+        clean = clean if clip is None else clip_rows(clean, clip)
         self.clean_sq = float(clean.double().pow(2).sum(-1).mean())
 
     def _state(self) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -58,6 +58,7 @@ import torch
 from tqdm import tqdm
 
 from attacks.base import Inversion
+from attacks.defended import wire_dtype_of
 from attacks.errors import AttackError
 from attacks.recipes._match_beam import BeamCache, beam_match
 from attacks.recipes.vocab_match import VocabMatch, match_distance
@@ -129,7 +130,7 @@ class AdaptiveVocabMatch(VocabMatch):
 
     def _fit(self, train: Taps, val: Taps | None, trainer: Any) -> None:
         # the victim's wire dtype (its family's: fp16, bf16 for Gemma), which the codec's input was rounded to
-        self.wire = torch.bfloat16 if train.meta.get("wire_dtype") == "bf16" else torch.float16
+        self.wire = wire_dtype_of(train)
         if self.permute is not None:  # its own defended pairs are in its own basis: use the clean ones
             train, val = self._public_view(train), (self._public_view(val) if val is not None else None)
         super()._fit(train, val, trainer)

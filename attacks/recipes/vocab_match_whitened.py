@@ -77,33 +77,27 @@ class WhitenedVocabMatch(AdaptiveVocabMatch):
         self.inexact = True  # noise of any shape: nothing matches exactly, every position is beam-searched
         self.factor: torch.Tensor | None = None  # precision_factor of the fitted residuals
 
-    def _clip(self, h: torch.Tensor, positions: np.ndarray | int | None = None) -> torch.Tensor:
-        """(B, d) states clipped as the wire defense clipped them at ``positions`` (one per row, or one for all)."""
-        clips = self._row_clips(positions, len(h), h.shape[-1])
-        return h if clips is None else clip_rows(h, clips.to(h.device))
-
-    def _row_clips(self, positions, n: int, d: int) -> torch.Tensor | None:
-        """(n, 1) clip of each row, or None without a clip."""
-        pos = np.asarray(0 if positions is None else positions).reshape(-1)
-        clip = {int(p): self.release_clip(int(p), d) for p in np.unique(pos)}  # one look-up per position
+    def row_clips(self, positions: np.ndarray, d: int) -> torch.Tensor | None:
+        """(N, 1) the clip the wire defense applied to each row at ``positions`` (N,), or None without a clip."""
+        clip = {int(p): self.release_clip(int(p), d) for p in np.unique(positions)}  # one look-up per position
         if None in clip.values():
             return None
-        if len(pos) == 1:
-            return torch.full((n, 1), float(clip[int(pos[0])]))
-        return torch.tensor([clip[int(p)] for p in pos], dtype=torch.float32)[:, None]
+        return torch.tensor([clip[int(p)] for p in positions], dtype=torch.float32)[:, None]
 
-    def _row_scale(self, positions, n: int, d: int) -> torch.Tensor:
-        """(n, 1) what the noise's std grows with at each row: C_t under pclip / shaped-noise, else 1."""
-        clips = self._row_clips(positions, n, d) if self.pclip is not None else None
-        return torch.ones(n, 1) if clips is None else clips
+    def _residual(self, y: torch.Tensor, h: torch.Tensor, clip: torch.Tensor | float | None) -> torch.Tensor:
+        """(N, d) ``y - clip(h)`` in the units the covariance is estimated in: divided by the clip under pclip /
+        shaped-noise, whose noise grows with each position's C_t (``clip``: one per row, or one for all)."""
+        if clip is None:
+            return y - h
+        r = y - clip_rows(h, clip)
+        return r / clip if self.pclip is not None else r
 
     def _fit(self, train: Taps, val: Taps | None, trainer: Any) -> None:
         super()._fit(train, val, trainer)
         own = train.head_tokens(int(self.hparams["residual_tokens"]))
         clean = torch.from_numpy(np.asarray(self._public_view(own).hidden, dtype=np.float32))  # (N, d)
-        pos, d = own.positions(), clean.shape[-1]
         y = torch.from_numpy(np.asarray(own.hidden, dtype=np.float32))  # (N, d)
-        r = (y - self._clip(clean, pos)) / self._row_scale(pos, len(pos), d)  # (N, d)
+        r = self._residual(y, clean, self.row_clips(own.positions(), clean.shape[-1]))  # (N, d)
         self.factor = precision_factor(r, str(self.hparams["covariance"]), float(self.hparams["shrinkage"]))
         self.fit_report.update(residuals=int(len(r)), noise_rms=float(r.pow(2).mean().sqrt()))
 
@@ -117,5 +111,5 @@ class WhitenedVocabMatch(AdaptiveVocabMatch):
 
     def log_likelihood(self, h: torch.Tensor, obs: torch.Tensor, t: int | None = None) -> torch.Tensor:
         """(B, d), (d,) observed at position ``t`` -> (B,): minus half the squared Mahalanobis residual."""
-        scale = float(self._row_scale(t, 1, h.shape[-1])[0, 0])
-        return -0.5 * whitened_sq((obs - self._clip(h, t)) / scale, self.factor.to(h.device))
+        r = self._residual(obs, h, self.release_clip(t, h.shape[-1]))  # (B, d)
+        return -0.5 * whitened_sq(r, self.factor.to(h.device))
