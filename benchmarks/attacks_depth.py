@@ -150,7 +150,7 @@ def run_study(cfg: StudyConfig, progress: bool = True, partial: str | Path | Non
 
     from splitinfer.models import load_model
 
-    from benchmarks.schema import git_state
+    from benchmarks.checkout import git_state
 
     t_start = time.perf_counter()
     git_hash, dirty = git_state(Path(__file__).resolve().parents[1])

@@ -208,7 +208,7 @@ def write_outputs(ab: dict[str, Any], out: str | Path, command: str,
 
 def main(argv: list[str] | None = None) -> int:
     from attacks.errors import AttackError
-    from benchmarks.schema import git_state
+    from benchmarks.checkout import git_state
     from splitinfer.cli_flags import int_list
     from splitinfer.errors import SplitInferError
 

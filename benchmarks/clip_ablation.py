@@ -130,7 +130,7 @@ def _floats(text: str) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.schema import git_state
+    from benchmarks.checkout import git_state
     from splitinfer.models import load_model
 
     p = argparse.ArgumentParser(prog="python -m benchmarks.clip_ablation", description=__doc__.splitlines()[0])

@@ -26,7 +26,8 @@ import copy
 import shutil
 from pathlib import Path
 
-from benchmarks.schema import SCHEMA_MINOR, SchemaError, git_state, load, plugin_change, results_path, save
+from benchmarks.checkout import git_state
+from benchmarks.schema import SCHEMA_MINOR, SchemaError, load, plugin_change, results_path, save
 from benchmarks.stages import STAGES
 
 _PER_MACHINE = ("torch_threads",)  # config keys shards on different machines may differ in

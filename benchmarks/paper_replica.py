@@ -184,7 +184,7 @@ def markdown(result: dict[str, Any], git_hash: str | None, dirty: bool | None) -
 
 def write(result: dict[str, Any], out: str | Path) -> tuple[Path, Path]:
     """``paper_replica.json`` (config, every run, summary, git state) and ``paper_replica.md`` under ``out``."""
-    from benchmarks.schema import git_state
+    from benchmarks.checkout import git_state
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

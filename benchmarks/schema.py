@@ -33,7 +33,7 @@ A shard of a run (``bench run --shard I/N``) carries ``"shard": {"index": I,
 ``"merged_shards": N`` and ``"merged_by"`` (the git hash and dirty flag of the
 checkout that merged them), and, when merged with ``--partial``,
 ``"missing_shards"``: the indices not merged. ``"code_digest"`` (sha256 of the
-code's ``.py`` files, :func:`code_digest`) lets shards of one run come from
+code's ``.py`` files, :func:`benchmarks.checkout.code_digest`) lets shards of one run come from
 commits that differ only outside the code; a merge of such shards lists them
 in ``"git_hashes"``.
 
@@ -62,18 +62,17 @@ Versioning (the rule every issue that adds to the results follows; also in docs/
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import json
 import logging
 import math
 import os
 import platform
-import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from benchmarks.checkout import code_digest, git_state
 from splitinfer import atomic
 
 logger = logging.getLogger(__name__)
@@ -102,7 +101,6 @@ _VERSIONED_PACKAGES = ("torch", "transformers", "numpy", "splitinfer")
 _METRIC_REQUIRED = ("value", "ci_low", "ci_high", "n", "higher_is_better", "kind")
 _METRIC_OPTIONAL = ("unit",)
 _TOP_REQUIRED = ("schema_version", "suite", "config", "git_hash", "git_dirty", "versions", "date", "results")
-_REPO_DIR = Path(__file__).resolve().parent.parent
 
 
 class SchemaError(ValueError):
@@ -211,63 +209,6 @@ def metric(
     return m
 
 
-def _git(repo_dir: Path, *args: str) -> str | None:
-    """stdout of a git command in ``repo_dir``, or None if it fails."""
-    try:
-        proc = subprocess.run(
-            ["git", "-C", str(repo_dir), *args], capture_output=True, text=True, timeout=20, check=False
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        logger.debug("git %s failed: %s", " ".join(args), exc)
-        return None
-    return proc.stdout if proc.returncode == 0 else None
-
-
-_AT_START: dict[Path, tuple[str, bool | None]] = {}  # checkout -> its state when the running command began
-
-
-def remember_git_state(repo_dir: str | os.PathLike[str] | None = None) -> None:
-    """Take the checkout's state now, at a command's start: results documents made later by the same command
-    record it, not the state after the run has written its own outputs (plots, partial files) into the tree.
-
-    A run writing into a clean checkout's ``reports/`` was recorded dirty by the files it had just made."""
-    repo = (Path(repo_dir) if repo_dir is not None else _REPO_DIR).resolve()
-    _AT_START[repo] = git_state(repo)
-
-
-def forget_git_state() -> None:
-    """Back to reading the checkout's state live (a command has ended)."""
-    _AT_START.clear()
-
-
-def git_state(repo_dir: str | os.PathLike[str] | None = None) -> tuple[str, bool | None]:
-    """``(HEAD commit or "unknown", dirty flag or None)`` of the checkout at ``repo_dir``.
-
-    Dirty means ``git status --porcelain`` lists anything (modified, staged
-    or untracked-but-not-ignored files).
-    """
-    repo = Path(repo_dir) if repo_dir is not None else _REPO_DIR
-    head = _git(repo, "rev-parse", "HEAD")
-    status = _git(repo, "status", "--porcelain")
-    return (head.strip() if head else "unknown"), (None if status is None else bool(status.strip()))
-
-
-CODE_PACKAGES = ("splitinfer", "attacks", "benchmarks")  # the code a result depends on (code_digest)
-
-
-def code_digest(repo_dir: str | os.PathLike[str] | None = None) -> str:
-    """sha256 over every ``.py`` file of :data:`CODE_PACKAGES` (relative path and bytes, in path order).
-
-    Two commits that differ only in reports, docs, tests or suite files have the same digest, so shards run from
-    either are shards of one run (``bench merge``); any change to the code changes it.
-    """
-    root = Path(repo_dir) if repo_dir is not None else _REPO_DIR
-    h = hashlib.sha256()
-    for f in sorted(p for pkg in CODE_PACKAGES for p in (root / pkg).rglob("*.py")):
-        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
 def plugin_change(before: list[dict] | None, after: list[dict] | None) -> str | None:
     """How the plugins of two documents' ``config.plugins`` differ (first difference, one phrase), or None.
 
@@ -322,8 +263,7 @@ def new_results(
         json.dumps(config, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise SchemaError(f"config is not JSON-serialisable: {exc}") from exc
-    repo = (Path(repo_dir) if repo_dir is not None else _REPO_DIR).resolve()
-    git_hash, dirty = _AT_START.get(repo) or git_state(repo)
+    git_hash, dirty = git_state(repo_dir)
     from attacks.plugins import records
 
     config = {**config, "plugins": config.get("plugins", records())}  # provenance of every loaded plugin

@@ -167,7 +167,7 @@ def to_document(data: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.schema import git_state
+    from benchmarks.checkout import git_state
     from splitinfer.models import load_model
 
     p = argparse.ArgumentParser(prog="python -m benchmarks.side_channel", description=__doc__.splitlines()[0])

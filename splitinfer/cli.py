@@ -62,7 +62,8 @@ def plugin_args(argv: list[str]) -> tuple[list[str], list[str]]:
 def main(argv: list[str] | None = None) -> int:
     from attacks.errors import AttackError
     from attacks.plugins import discover, load_modules
-    from benchmarks.schema import SchemaError, forget_git_state, remember_git_state
+    from benchmarks.checkout import forget_git_state, remember_git_state
+    from benchmarks.schema import SchemaError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:

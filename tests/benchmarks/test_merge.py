@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import schema
+from benchmarks import checkout, schema
 from benchmarks.merge import MERGERS, merge_dirs, merge_results
 from benchmarks.run import run_suite
 from benchmarks.shard import Shard
@@ -172,15 +172,15 @@ def test_shards_of_commits_that_differ_outside_the_code_merge(runs: dict) -> Non
 
 
 def test_code_digest_follows_the_code_only(tmp_path: Path) -> None:
-    for pkg in schema.CODE_PACKAGES:
+    for pkg in checkout.CODE_PACKAGES:
         (tmp_path / pkg).mkdir()
         (tmp_path / pkg / "m.py").write_text("x = 1\n")
-    before = schema.code_digest(tmp_path)
+    before = checkout.code_digest(tmp_path)
     (tmp_path / "README.md").write_text("docs\n")
     (tmp_path / "benchmarks" / "suite.toml").write_text("a = 1\n")
-    assert schema.code_digest(tmp_path) == before
+    assert checkout.code_digest(tmp_path) == before
     (tmp_path / "attacks" / "m.py").write_text("x = 2\n")
-    assert schema.code_digest(tmp_path) != before
+    assert checkout.code_digest(tmp_path) != before
 
 
 def test_shards_of_one_commit_whose_code_differs_are_refused(runs: dict) -> None:
