@@ -26,6 +26,11 @@ and replaces the distance:
   (:meth:`release_clip`, :meth:`noise_std`); with ``sigma = 0`` the clip
   alone, matched exactly like ``noise``'s. The clips and the shape are public
   (the defense's profile).
+- Public positions (an added BOS, chat-template tokens) are released by
+  ``noise``, ``pclip`` and ``shaped-noise`` untouched, neither clipped nor
+  noised; a candidate that reproduces such a row to wire rounding scores as
+  certain (:meth:`untouched`), so the public prefix the user text follows is
+  recovered exactly instead of being ranked under the noise model.
 - ``quant``: dequantise-then-match: candidates are put through the same
   quantiser (on the fp16 wire values) before the elementwise-relative distance,
   so the true token matches to float rounding and the early acceptance holds.
@@ -192,6 +197,19 @@ class AdaptiveVocabMatch(VocabMatch):
             return self.pclip.sigma * self.release_clip(t, d) * self._pclip_public(d)[1]
         return None
 
+    @property
+    def releases_public(self) -> bool:
+        """Whether the wire defense releases public positions (BOS, template) untouched: ``noise``, ``pclip``
+        and ``shaped-noise`` do, so the observed state there is the exact head state, neither clipped nor noised."""
+        return self.noise is not None or self.pclip is not None
+
+    def untouched(self, h: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        """(B, d) unclipped candidate states, (d,) observed -> (B,) bool: the candidate reproduces the observed
+        state to wire rounding (``tol``), as only a public position released untouched can (noise is never that
+        small). Scoring such a row under the clip-and-noise model instead misranks it (an attention-sink row
+        is far above the clip), and a wrong public token misleads every later position's prefix."""
+        return match_distance(h, obs) < float(self.hparams["tol"])
+
     def language_prior(self) -> tuple[Any, float]:
         """(an LM prior over ``beam`` rows, its weight); none here (see ``lm-prior-match``)."""
         return None, 0.0
@@ -228,7 +246,10 @@ class AdaptiveVocabMatch(VocabMatch):
                 return h[:, 0].float()  # (B, d)
 
             def loglik(h: torch.Tensor, t: int, obs: torch.Tensor = obs) -> torch.Tensor:
-                return self.log_likelihood(h, obs[t], t)
+                ll = self.log_likelihood(h, obs[t], t)  # (B,)
+                if self.releases_public:  # the exact reproduction of an untouched public row is certain
+                    ll = torch.where(self.untouched(h, obs[t]), torch.zeros_like(ll), ll)
+                return ll
 
             res = beam_match(rows.stop - rows.start, candidates, forward, loglik, cache.commit, int(hp["beam"]),
                              int(hp["max_batch"]), k, lm, lam)
@@ -243,13 +264,15 @@ class AdaptiveVocabMatch(VocabMatch):
 
     def distance(self, h: torch.Tensor, obs: torch.Tensor, t: int | None = None) -> torch.Tensor:
         """(B, d), (d,) observed at position ``t`` -> (B,); under noise the mean squared standardised residual
-        (about 1 for the true token: a chi-square over its degrees of freedom)."""
-        clip = self.release_clip(t, h.shape[-1])
+        (about 1 for the true token: a chi-square over its degrees of freedom); 0 for a candidate that
+        reproduces a public row the clip left untouched (:meth:`untouched`)."""
+        raw, clip = h, self.release_clip(t, h.shape[-1])
         if clip is not None:
             h = clip_rows(h, clip)
             std = self.noise_std(t, h.shape[-1])
             if std is not None:
-                return ((h - obs) / std.to(h.device)).pow(2).mean(-1)
+                d = ((h - obs) / std.to(h.device)).pow(2).mean(-1)  # (B,)
+                return torch.where(self.untouched(raw, obs), torch.zeros_like(d), d)
         if self.defense.codec is not None:
             wire = getattr(self, "wire", torch.float16)
             h = h.to(wire)  # (B, d) on the victim's wire
@@ -259,4 +282,5 @@ class AdaptiveVocabMatch(VocabMatch):
                 h = (rot.double() @ q.T).float()
             else:
                 h = self.defense.codec.roundtrip(h)
-        return match_distance(h, obs)
+        d = match_distance(h, obs)  # (B,)
+        return torch.where(self.untouched(raw, obs), torch.zeros_like(d), d) if clip is not None else d

@@ -97,7 +97,9 @@ class WhitenedVocabMatch(AdaptiveVocabMatch):
         own = train.head_tokens(int(self.hparams["residual_tokens"]))
         clean = torch.from_numpy(np.asarray(self._public_view(own).hidden, dtype=np.float32))  # (N, d)
         y = torch.from_numpy(np.asarray(own.hidden, dtype=np.float32))  # (N, d)
-        r = self._residual(y, clean, self.row_clips(own.positions(), clean.shape[-1]))  # (N, d)
+        noised = ~self.untouched(clean, y)  # (N,) public rows are released untouched: no noise to estimate there
+        clean, y, positions = clean[noised], y[noised], own.positions()[noised.numpy()]
+        r = self._residual(y, clean, self.row_clips(positions, clean.shape[-1]))  # (N', d)
         self.factor = precision_factor(r, str(self.hparams["covariance"]), float(self.hparams["shrinkage"]))
         self.fit_report.update(residuals=int(len(r)), noise_rms=float(r.pow(2).mean().sqrt()))
 

@@ -85,3 +85,20 @@ def keyed_normal(seed: int, session: int, positions: Sequence[int], direction: s
     r = torch.sqrt(-2.0 * torch.log(u1))
     z = torch.cat([r * torch.cos(2 * math.pi * u2), r * torch.sin(2 * math.pi * u2)], dim=1)  # (T, 2h)
     return z[:, :d].float()
+
+
+def draw_session(name: str, per_session: bool, session: int, content: Sequence[int] | None) -> int:
+    """The session a defense's draws are keyed by. ``per_session`` (the default): the session's own, so text
+    resent in a new session gets fresh draws, which an observer can average away (noise std / sqrt(r) over r
+    sessions; ``reports/resend``). Off: one key for every session, so the same token path at the same position
+    gets the same draw again and a resend releases nothing new; the path digest (``content``) still keeps
+    different texts' draws apart, so it is required."""
+    if per_session:
+        return session
+    if content is None:
+        from splitinfer.defenses.base import DefenseError
+
+        raise DefenseError(f"{name}: per_session=false keys its draws by the token path, which this caller did "
+                           f"not pass; release through SplitModel / DefensePipeline.transform_up, or keep per_session")
+    return 0
+

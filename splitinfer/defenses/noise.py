@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from splitinfer.defenses.base import Defense, DefenseError, register_defense
-from splitinfer.defenses.keyed import keyed_normal
+from splitinfer.defenses.keyed import draw_session, keyed_normal
 
 
 @functools.lru_cache(maxsize=256)
@@ -82,6 +82,7 @@ class Noise(Defense):
     sigma: float = 0.05
     clip: float = 8.0
     replies: bool = False
+    per_session: bool = True  # false: a resent token path gets the same draw in every session (keyed.draw_session)
     seed: int = 0
     delta: float = 1e-5
 
@@ -116,7 +117,8 @@ class Noise(Defense):
             return x
         y = clip_rows(x.float(), self.clip)
         if self.sigma > 0:
-            noise = keyed_normal(self.seed, session, positions, direction, x.shape[-1], content)
+            key = draw_session(self.name, self.per_session, session, content) if direction == "up" else session
+            noise = keyed_normal(self.seed, key, positions, direction, x.shape[-1], content)
             y = y + (self.sigma * self.clip) * noise.to(y.device)
         return keep_public(y, x.float(), public).to(x.dtype)
 

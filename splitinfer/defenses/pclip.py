@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from splitinfer.defenses.base import Defense, DefenseError, register_defense
-from splitinfer.defenses.keyed import keyed_normal
+from splitinfer.defenses.keyed import draw_session, keyed_normal
 from splitinfer.defenses.noise import clip_rows, gaussian_epsilon, keep_public
 from splitinfer.defenses.profiles import load_profile, save_profile
 
@@ -72,6 +72,7 @@ class PositionClip(Defense):
     sigma: float = 0.0
     percentile: float = 50.0
     profile: str = ""
+    per_session: bool = True  # false: a resent token path gets the same draw in every session (keyed.draw_session)
     seed: int = 0
     delta: float = 1e-5
 
@@ -117,7 +118,8 @@ class PositionClip(Defense):
         c = self.row_clips(positions).to(x.device)  # (T, 1)
         y = clip_rows(x.float(), c)
         if self.sigma > 0:
-            z = keyed_normal(self.seed, session, positions, direction, x.shape[-1], content).to(y.device)  # (T, d)
+            key = draw_session(self.name, self.per_session, session, content)
+            z = keyed_normal(self.seed, key, positions, direction, x.shape[-1], content).to(y.device)  # (T, d)
             y = y + self.sigma * c * self.noise_scale(x.shape[-1]).to(y.device)[None] * z
         return keep_public(y, x.float(), public).to(x.dtype)
 

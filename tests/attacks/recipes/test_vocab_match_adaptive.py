@@ -172,3 +172,45 @@ def test_the_whitened_attacker_runs_against_shaped_noise(tiny, taps, tmp_path, m
     assert applies(get_attack_class("vocab-match-whitened"), DefensePipeline.parse(spec))  # was noise only
     public = DefensePipeline.parse(spec).shareable_label  # what the attacker is told: the profile, not the seed
     assert _top1(tiny, spec, taps, name="vocab-match-whitened", defense=public, batch_sizes=[256], beam=1) > 0.9
+
+
+def _with_template(taps, chars: int = 8):
+    """The taps with each document's first ``chars`` characters marked as chat template (public positions, which
+    noise, pclip and shaped-noise release untouched)."""
+    from attacks.tapdata import Taps
+
+    docs = [{**d, "template_spans": [{"start": 0, "end": chars}]} for d in taps.documents]
+    return Taps(taps.hidden, taps.token_ids, taps.seq_lengths, taps.seq_doc, docs, taps.offsets, taps.meta)
+
+
+def test_public_positions_released_untouched_are_matched_exactly(tiny, taps, tmp_path, monkeypatch):
+    """Before, a public row (released neither clipped nor noised) was scored as a clipped, noised one: under
+    shaped noise the tiny model's public tokens came back at 0.875 and the user text after them at 0.752."""
+    import numpy as np
+
+    from attacks.defended import public_mask
+
+    spec = _pclip_spec(tmp_path, monkeypatch, 0.1, shaped=True)
+    pipe, both = DefensePipeline.parse(spec), _with_template(taps)
+    test, train = defend_taps(both.select_sequences(range(3)), pipe), defend_taps(both, attacker_view(pipe))
+    public = np.concatenate([public_mask(test, i, rows) for i, rows in test.sequences()])  # (N,)
+    assert 0 < public.sum() < len(public)
+    assert np.array_equal(test.hidden[public], both.select_sequences(range(3)).hidden[public])  # untouched
+    atk = make_attack("vocab-match-adaptive", model=tiny, proposer_tokens=2000, random_tokens=512,
+                      defense=pipe.shareable_label, max_candidates=256, batch_sizes=[256]).fit(train)
+    right = atk.invert(test, k=1).tokens == test.token_ids  # (N,)
+    assert right[public].mean() == 1.0 and right[~public].mean() > 0.95, (right[public].mean(), right[~public].mean())
+
+
+def test_the_whitened_noise_estimate_leaves_untouched_public_rows_out(tiny, taps, tmp_path, monkeypatch):
+    """A public row's residual is the clip's cut, not noise: it would inflate the covariance along the
+    attention-sink direction."""
+    spec = _pclip_spec(tmp_path, monkeypatch, 0.1, shaped=True)
+    pipe, both = DefensePipeline.parse(spec), _with_template(taps)
+    train = defend_taps(both, attacker_view(pipe))
+    atk = make_attack("vocab-match-whitened", model=tiny, proposer_tokens=2000, random_tokens=512,
+                      defense=pipe.shareable_label, residual_tokens=10**6).fit(train)
+    from attacks.defended import public_mask
+
+    n_public = sum(int(public_mask(train, i, rows).sum()) for i, rows in train.sequences())
+    assert n_public > 0 and atk.fit_report["residuals"] == train.n_tokens - n_public

@@ -47,3 +47,28 @@ def test_epsilon_from_the_accountant():
     assert gaussian_epsilon(1.0, 1e-5) == pytest.approx(4.73, abs=0.05)
     eps = [Noise(sigma=s, clip=1.0).epsilon() for s in (0.1, 1.0, 4.0, 10.0)]
     assert eps == sorted(eps, reverse=True) and math.isinf(Noise(sigma=0.0).epsilon())
+
+
+@pytest.mark.parametrize("spec", ["noise(sigma=0.1,clip=2.0)", "pclip(sigma=0.1,percentile=90.0,profile={key})"])
+def test_draws_keyed_by_the_text_alone_give_a_resent_text_the_same_noise(spec, tmp_path, monkeypatch):
+    """Per session (the default) a resent text gets fresh draws, which an observer averages away; with
+    per_session=false the same token path gets the same draw in every session, and other paths other draws."""
+    from splitinfer.defenses import DefensePipeline
+    from splitinfer.defenses.pclip import save_clips
+
+    monkeypatch.setenv("SPLITINFER_PROFILES", str(tmp_path))
+    spec = spec.format(key=save_clips(torch.tensor([2.0, 1.5, 2.5]), 90.0, {"t": 0}))
+    h, tokens = torch.randn(6, 16).half() * 5, [3, 1, 4, 1, 5, 9]
+    fresh, same = (DefensePipeline.parse(spec, {spec.split("(")[0] + ".per_session": v}) for v in (True, False))
+    assert not torch.equal(fresh.simulate_up(h, tokens, 0), fresh.simulate_up(h, tokens, 7))
+    assert torch.equal(same.simulate_up(h, tokens, 0), same.simulate_up(h, tokens, 7))
+    other = same.simulate_up(h, [3, 1, 4, 2, 5, 9], 7)  # another path from position 3 on
+    assert torch.equal(other[:3], same.simulate_up(h, tokens, 0)[:3]) and not torch.equal(other[3:], same.simulate_up(h, tokens, 0)[3:])
+    assert "per_session=false" in same.label
+
+
+def test_draws_keyed_by_the_text_need_the_text():
+    from splitinfer.defenses.base import DefenseError
+
+    with pytest.raises(DefenseError, match="per_session=false keys its draws by the token path"):
+        Noise(sigma=0.1, clip=2.0, per_session=False).apply(torch.zeros(2, 8), [0, 1], 3, "up")

@@ -1,0 +1,65 @@
+"""The resend sweep: recovery against the sessions a text was sent in, on the tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import resend_sweep
+
+SUITE = """
+name = "tiny-resend"
+description = "the resend sweep on the tiny model"
+model = "tiny-random"
+seed = 0
+[defenses]
+head_depths = [2]
+defenses = ["none"]
+attackers = ["session-average"]
+corpora = ["prose"]
+train_tokens = 600
+test_tokens = 400
+max_length = 32
+options = { "session-average" = { proposer_tokens = 500, random_tokens = 128, max_candidates = 32, batch_sizes = [32], repeats = 4 } }
+"""
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    root = tmp_path_factory.mktemp("resend")
+    (root / "suite.toml").write_text(SUITE)
+    out = root / "out"
+    assert resend_sweep.main(["--suite", str(root / "suite.toml"), "--repeats", "1,4", "--out", str(out),
+                              "--specs", "noise(sigma=0.3)", "noise(sigma=0.3,per_session=false)"]) == 0
+    return out, json.loads((out / "results.json").read_text())
+
+
+def test_each_spec_and_r_is_a_row_with_its_predictions(swept):
+    out, doc = swept
+    rows = doc["data"]["rows"]
+    assert [(r["per_session"], r["r"]) for r in rows] == [(True, 1), (True, 4), (False, 1), (False, 4)]
+    assert rows[1]["effective_sigma"] == pytest.approx(0.15) and rows[3]["effective_sigma"] == pytest.approx(0.3)
+    assert all(r["scored_set"]["tokens"] == r["top1"]["n"] > 0 for r in rows)
+    assert len(list((out / "predictions").rglob("*.jsonl*"))) == 4
+    assert (out / "recovery_vs_sessions.png").stat().st_size > 0
+    assert "| 2 | `noise(sigma=0.3," in (out / "report.md").read_text()
+
+
+def test_draws_keyed_by_the_text_leave_nothing_to_average(swept):
+    rows = swept[1]["data"]["rows"]
+    same = [r for r in rows if not r["per_session"]]
+    assert same[1]["top1"]["value"] == same[0]["top1"]["value"]
+    assert same[1]["gain_over_r1"]["value"] == 0.0
+
+
+def test_repeats_must_start_at_one_session(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        resend_sweep.main(["--specs", "noise(sigma=0.1)", "--repeats", "2,4", "--out", str(tmp_path)])
+    assert "repeats that start at 1" in capsys.readouterr().err
+
+
+def test_a_spec_without_wire_noise_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        resend_sweep.main(["--suite", "literature", "--specs", "quant(format=int8)", "--out", str(tmp_path)])
+    assert "no wire noise to resend under" in capsys.readouterr().err
