@@ -82,7 +82,8 @@ def run(loaded, cfg: dict, specs: list[str], depths: list[int], repeats: list[in
             got, preds[run_name] = score_on_set(inv, target, vocab=int(loaded.config.vocab_size),
                                                 prior=prior_from_taps(train), n_boot=int(cfg.get("n_boot", 1000)),
                                                 seed=seed, meta={"attack": ATTACK, "defense": pipe.label, "r": r})
-            row = {"depth": a, "defense": pipe.label, "sigma": sigma, "per_session": fresh, "r": r,
+            row = {"run": run_name, "metrics": got["metrics"], "depth": a, "defense": pipe.label, "sigma": sigma,
+                   "per_session": fresh, "r": r,
                    "effective_sigma": sigma / math.sqrt(r) if fresh else sigma, "threat_model": THREAT,
                    "top1": got["metrics"]["token_acc_top1"], "doc_top1": got["doc_top1"],
                    "scored_set": dict(zip(("tokens", "documents"), set_size(target))),
@@ -151,10 +152,10 @@ def plot(rows: list[dict], path: Path) -> Path | None:
 def to_document(data: dict) -> dict:
     config = {k: v for k, v in data.items() if isinstance(v, (str, int, float, bool)) or v is None}
     doc = document("resend-sweep", {**config, "specs": data["specs"], "repeats": data["repeats"]}, data)
-    for r in data["rows"]:
-        m = r["top1"]
-        add_metric(doc, f"resend/head={r['depth']}/{r['defense']}/r={r['r']}", "recovery_top1",
-                   metric(m["value"], m["ci_low"], m["ci_high"], m["n"], higher_is_better=False, kind="accuracy"))
+    for r in data["rows"]:  # under the predictions' run names, every metric: `attack rescore` checks them all
+        for name, m in r["metrics"].items():
+            add_metric(doc, r["run"], name, metric(m["value"], m["ci_low"], m["ci_high"], m["n"],
+                                                   m["higher_is_better"], kind=m["kind"]))
     return doc
 
 

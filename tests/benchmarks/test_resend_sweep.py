@@ -63,3 +63,13 @@ def test_a_spec_without_wire_noise_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         resend_sweep.main(["--suite", "literature", "--specs", "quant(format=int8)", "--out", str(tmp_path)])
     assert "no wire noise to resend under" in capsys.readouterr().err
+
+
+def test_attack_rescore_reproduces_every_row_from_its_predictions(swept):
+    """The first committed run recorded its rows under other run names than its predictions carry, so `attack
+    rescore` found none of them."""
+    from attacks.predictions import rescore_dir
+
+    checked = rescore_dir(swept[0])
+    assert len(checked) == 4 and all(not c["missing"] and c["metrics"] and not c["mismatches"] for c in checked)
+
