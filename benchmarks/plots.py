@@ -18,7 +18,8 @@ COMPONENT_LABELS = {"network_ms": "network (RTT + transfer)", "head_ms": "local 
                     "other_ms": "other"}
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: Path) -> Path:
+    """Lay out, write at 110 dpi and close ``fig``; returns ``path``."""
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -47,7 +48,7 @@ def plot_recovery_vs_depth(rows: list[dict], baselines: dict, out: Path, title: 
     ax.set_title(title)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
 def plot_pii(rows: list[dict], out: Path) -> Path | None:
@@ -75,7 +76,7 @@ def plot_pii(rows: list[dict], out: Path) -> Path | None:
     ax.set_title(rows[0].get("title", "PII recovery by type"))
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, axis="y")
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
 def plot_breakdown(rows: list[dict], out: Path) -> Path | None:
@@ -95,7 +96,7 @@ def plot_breakdown(rows: list[dict], out: Path) -> Path | None:
     ax.set_title("Per-step latency breakdown at 80 ms RTT")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: the bars fill the axes
     ax.grid(alpha=0.3, axis="y")
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
 def plot_tau(rows: list[dict], out: Path) -> Path | None:
@@ -114,7 +115,7 @@ def plot_tau(rows: list[dict], out: Path) -> Path | None:
     ax.set_title("Tokens per round trip by prompt category and proposer")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, axis="y")
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
 def plot_throughput_vs_rtt(series: list[dict], out: Path) -> Path | None:
@@ -138,4 +139,4 @@ def plot_throughput_vs_rtt(series: list[dict], out: Path) -> Path | None:
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    return _save(fig, out)
+    return save_figure(fig, out)

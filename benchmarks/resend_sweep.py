@@ -38,7 +38,7 @@ from benchmarks.defenses_calibrate import calibrate
 from benchmarks.grid_cell import paired_gap, score_on_set
 from benchmarks.schema import add_metric, metric
 from benchmarks.scored_set import ScoredSetConfig, set_size, take
-from benchmarks.stage_defenses import _pipeline, grid_data
+from benchmarks.stage_defenses import grid_data, spec_pipeline
 from splitinfer.defenses import DefensePipeline, check_specs
 from splitinfer.defenses.base import DefenseError, format_items
 
@@ -66,7 +66,7 @@ def run(loaded, cfg: dict, specs: list[str], depths: list[int], repeats: list[in
     for a, spec in tqdm(jobs, desc="resend", unit="cell", disable=not progress):
         head = Boundary("head", a)
         train = data.train[head]
-        pipe = calibrate(loaded, _pipeline(spec, train), a, int(cfg.get("tail_layers", 2)), train, seed)
+        pipe = calibrate(loaded, spec_pipeline(spec, train), a, int(cfg.get("tail_layers", 2)), train, seed)
         sigma, fresh = _sigma(pipe)
         clean = take(data.test[head], data.chosen[head])
         target = defend_taps(clean, pipe)  # session 0: the r = 1 release
@@ -127,7 +127,7 @@ def report(data: dict) -> str:
 
 def plot(rows: list[dict], path: Path) -> Path | None:
     """Recovery against r (log scale), one line per (depth, defense), with 95% intervals."""
-    from benchmarks.plots import _save, plt
+    from benchmarks.plots import plt, save_figure
 
     if not rows:
         return None
@@ -146,7 +146,7 @@ def plot(rows: list[dict], path: Path) -> Path | None:
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def to_document(data: dict) -> dict:

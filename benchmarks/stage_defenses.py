@@ -120,7 +120,7 @@ def median_clip(train: Taps) -> float:
     return round(float(np.median(np.linalg.norm(np.asarray(train.hidden[pos >= 1], dtype=np.float32), axis=1))), 2)
 
 
-def _pipeline(spec: str, train: Taps) -> DefensePipeline:
+def spec_pipeline(spec: str, train: Taps) -> DefensePipeline:
     """The spec, with noise's clip set to the median state norm when the spec leaves it out."""
     pipe = DefensePipeline.parse(spec)
     if pipe.get("noise") is not None and "clip=" not in spec:
@@ -291,7 +291,7 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
             continue
         try:
             tj = time.perf_counter()
-            pipe = calibrate(loaded, _pipeline(spec, train[a]), a, tail, train[a], seed)  # pclip, shaped-noise, denoise
+            pipe = calibrate(loaded, spec_pipeline(spec, train[a]), a, tail, train[a], seed)  # pclip, shaped-noise, denoise
             test = clean_test[a]
             pipe = with_trained_adapter(loaded, pipe, a, corpora, seed, workdir)
             if pipe.model_items:  # a private head: the victim's states come from its own layers (same sequences)
