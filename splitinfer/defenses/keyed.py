@@ -101,4 +101,3 @@ def draw_session(name: str, per_session: bool, session: int, content: Sequence[i
         raise DefenseError(f"{name}: per_session=false keys its draws by the token path, which this caller did "
                            f"not pass; release through SplitModel / DefensePipeline.transform_up, or keep per_session")
     return 0
-

@@ -18,10 +18,10 @@ release identical vectors. Deviation from the issue's key: without the path
 digest, a speculative step's sibling draft nodes (same position, different
 tokens) would carry the *same* noise, and their released differences would be
 noise-free; with it, a vector is re-released with the same noise only when it is
-the same state (a replay), which leaks nothing new. The session in the key gives text resent in a new session
-fresh draws, which an observer who links the sessions can average; ``per_session=false`` leaves the session
-out of the key, so a resent token path gets its old draws again (``reports/resend``). ``replies=true`` also noises the states the body
-returns, with the cloud's own draws (it then must know: the hello carries it);
+the same state (a replay), which leaks nothing new. The session in the key gives text resent in a new
+session fresh draws, which an observer who links the sessions can average; ``per_session=false`` leaves the
+session out of the key, so a resent token path gets its old draws again (``reports/resend``).
+``replies=true`` also noises the states the body returns, with the cloud's own draws (it then must know: the hello carries it);
 that cannot hide anything from the cloud, which computed them, only from
 whoever sees the wire or its logs, and it costs utility.
 
