@@ -264,15 +264,15 @@ class AdaptiveVocabMatch(VocabMatch):
 
     def distance(self, h: torch.Tensor, obs: torch.Tensor, t: int | None = None) -> torch.Tensor:
         """(B, d), (d,) observed at position ``t`` -> (B,); under noise the mean squared standardised residual
-        (about 1 for the true token: a chi-square over its degrees of freedom); 0 for a candidate that
-        reproduces a public row the clip left untouched (:meth:`untouched`)."""
+        (about 1 for the true token: a chi-square over its degrees of freedom); under the clip alone 0 for a
+        candidate that reproduces a public row the clip left untouched (:meth:`untouched`; under noise the beam's
+        likelihood applies it, see :meth:`_beam_invert`)."""
         raw, clip = h, self.release_clip(t, h.shape[-1])
         if clip is not None:
             h = clip_rows(h, clip)
             std = self.noise_std(t, h.shape[-1])
             if std is not None:
-                d = ((h - obs) / std.to(h.device)).pow(2).mean(-1)  # (B,)
-                return torch.where(self.untouched(raw, obs), torch.zeros_like(d), d)
+                return ((h - obs) / std.to(h.device)).pow(2).mean(-1)
         if self.defense.codec is not None:
             wire = getattr(self, "wire", torch.float16)
             h = h.to(wire)  # (B, d) on the victim's wire
