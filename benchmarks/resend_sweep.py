@@ -74,13 +74,14 @@ def run(loaded, cfg: dict, specs: list[str], depths: list[int], repeats: list[in
         atk = make_attack(ATTACK, model=loaded, seed=seed, defense=format_items(pipe.items, public=True), **opts)
         atk.fit(defend_taps(train, attacker_view(pipe)))
         fit_s, first = time.perf_counter() - t0, None
+        prior, vocab = prior_from_taps(train), int(loaded.config.vocab_size)  # the baselines: one per cell
         for r in repeats:
             t1 = time.perf_counter()
             inv = atk.invert_sessions(resent_taps(clean, pipe, r), k=5)
             inv_s = time.perf_counter() - t1
             run_name = f"resend/{head}/{pipe.label}/r={r}"
-            got, preds[run_name] = score_on_set(inv, target, vocab=int(loaded.config.vocab_size),
-                                                prior=prior_from_taps(train), n_boot=int(cfg.get("n_boot", 1000)),
+            got, preds[run_name] = score_on_set(inv, target, vocab=vocab, prior=prior,
+                                                n_boot=int(cfg.get("n_boot", 1000)),
                                                 seed=seed, meta={"attack": ATTACK, "defense": pipe.label, "r": r})
             row = {"run": run_name, "metrics": got["metrics"], "depth": a, "defense": pipe.label, "sigma": sigma,
                    "per_session": fresh, "r": r,
