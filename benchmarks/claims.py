@@ -14,7 +14,8 @@ as in the README's findings table)::
 
 1. **report**: a committed file. A ``.json`` file is a results document (``results[run][metric] =
    {value, ci_low, ci_high, n}``, DESIGN.md section 7); a ``.md`` or ``.txt`` file is read for its
-   Markdown tables.
+   Markdown tables. ``path@COMMIT`` reads the file as committed at ``COMMIT`` (``git show``): a figure
+   quoted from a report that a later run replaced, as a "before" column does.
 2. **row**: in a results document, the run key; in a Markdown table, the leading cells of the row,
    separated by ``&`` (backticks ignored): ``2 & quant(format=int8)`` is the row whose first cell is
    ``2`` and second ``quant(format=int8)``. Exactly one row must match.
@@ -33,11 +34,12 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["Claim", "Shown", "ClaimError", "parse_claims", "parse_shown", "check_claim", "unshown_figures",
-           "strip_claims"]
+           "strip_claims", "report_text"]
 
 CLAIM = re.compile(r"<!--\s*claim:(.*?)-->", re.S)
 _NUM = r"[+-]?\d[\d,]*(?:\.\d+)?"
@@ -107,10 +109,10 @@ def _matches(written: str, actual: float | None, scale: float) -> bool:
     return f"{actual * scale:.{d}f}" == f"{float(written.replace(',', '')):.{d}f}"
 
 
-def _table_rows(path: Path) -> list[tuple[list[str], list[str]]]:
-    """(header cells, row cells) of every body row of every Markdown table in ``path``."""
+def _table_rows(text: str) -> list[tuple[list[str], list[str]]]:
+    """(header cells, row cells) of every body row of every Markdown table in ``text``."""
     out, header, in_body = [], None, False
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in text.splitlines():
         if not line.startswith("|"):
             header, in_body = None, False
             continue
@@ -124,26 +126,43 @@ def _table_rows(path: Path) -> list[tuple[list[str], list[str]]]:
     return out
 
 
-def _lookup_json(path: Path, row: str, metric: str) -> tuple[dict | None, str | None]:
-    results = json.loads(path.read_text(encoding="utf-8")).get("results", {})
+def report_text(root: Path, report: str) -> tuple[str | None, str | None]:
+    """(text, None) of a claim's report under ``root``, or (None, the problem): ``path`` is the file in the tree,
+    ``path@COMMIT`` the file as committed at ``COMMIT``."""
+    path, _, commit = report.partition("@")
+    if not commit:
+        f = root / path
+        return (f.read_text(encoding="utf-8"), None) if f.is_file() else (None, f"{report} does not exist")
+    try:
+        done = subprocess.run(["git", "-C", str(root), "show", f"{commit}:{path}"], capture_output=True, text=True)
+    except OSError as exc:
+        return None, f"{report}: git is needed to read a committed report ({exc})"
+    if done.returncode != 0:
+        return None, (f"{report}: not in this checkout's history ({done.stderr.strip().splitlines()[-1:]}); "
+                      "a shallow clone lacks old commits: fetch with --unshallow")
+    return done.stdout, None
+
+
+def _lookup_json(text: str, name: str, row: str, metric: str) -> tuple[dict | None, str | None]:
+    results = json.loads(text).get("results", {})
     if row not in results:
-        return None, f"row {row!r} is not a run of {path.name}"
+        return None, f"row {row!r} is not a run of {name}"
     if metric not in results[row]:
-        return None, f"metric {metric!r} is not in row {row!r} of {path.name} (it has {', '.join(sorted(results[row]))})"
+        return None, f"metric {metric!r} is not in row {row!r} of {name} (it has {', '.join(sorted(results[row]))})"
     return results[row][metric], None
 
 
-def _lookup_table(path: Path, row: str, metric: str) -> tuple[dict | None, str | None]:
+def _lookup_table(text: str, name: str, row: str, metric: str) -> tuple[dict | None, str | None]:
     keys = [k.strip().replace("`", "") for k in row.split("&")]
-    hits = [(h, c) for h, c in _table_rows(path) if c[:len(keys)] == keys and metric in h]
+    hits = [(h, c) for h, c in _table_rows(text) if c[:len(keys)] == keys and metric in h]
     if len(hits) != 1:
-        return None, f"{len(hits)} table rows of {path.name} start with {keys} and have a column {metric!r} (need 1)"
+        return None, f"{len(hits)} table rows of {name} start with {keys} and have a column {metric!r} (need 1)"
     header, cells = hits[0]
     cell = cells[header.index(metric)] if header.index(metric) < len(cells) else ""
     m = re.match(rf"^\s*\(?(?P<value>{_NUM})\s*%?\s*(?:\[\s*(?P<low>{_NUM})\s*,\s*(?P<high>{_NUM})\s*\])?"
                  rf"(?:.*?\bn\s*=\s*(?P<n>\d[\d,]*))?", cell)
     if not m:
-        return None, f"the cell {cell!r} (row {keys}, column {metric!r}) of {path.name} holds no figure"
+        return None, f"the cell {cell!r} (row {keys}, column {metric!r}) of {name} holds no figure"
     num = lambda s: None if s is None else float(s.replace(",", ""))  # noqa: E731
     return {"value": num(m["value"]), "ci_low": num(m["low"]), "ci_high": num(m["high"]),
             "n": None if m["n"] is None else int(m["n"].replace(",", "")), "_table": True}, None
@@ -151,10 +170,11 @@ def _lookup_table(path: Path, row: str, metric: str) -> tuple[dict | None, str |
 
 def check_claim(claim: Claim, root: Path) -> list[str]:
     """The problems of one claim against the report under ``root`` (empty: it holds)."""
-    path = root / claim.report
-    if not path.is_file():
-        return [f"{claim.report} does not exist"]
-    entry, err = (_lookup_json if path.suffix == ".json" else _lookup_table)(path, claim.row, claim.metric)
+    text, err = report_text(root, claim.report)
+    if err:
+        return [err]
+    name = claim.report.partition("@")[0]
+    entry, err = (_lookup_json if name.endswith(".json") else _lookup_table)(text, name, claim.row, claim.metric)
     if err:
         return [err]
     s = claim.shown

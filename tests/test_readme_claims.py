@@ -1,10 +1,15 @@
 """Every claim of the "What the committed reports show" sections (README.md and docs/findings.md) is backed by
 the reports it names.
 
-Keyed claims (issue 28, finding 9): a bullet or table row states its figures in HTML comments keyed to (report,
+Keyed claims: a bullet or table row states its figures in HTML comments keyed to (report,
 row, metric) (:mod:`benchmarks.claims` gives the format); each is compared with that row's value, interval and
 count, and the figures it states must appear in the bullet's or row's prose. Figures no claim comment covers are
 still held to the weaker check below.
+
+The sections checked are "What the committed reports show" and, in docs/findings.md, "What changed when the
+defense-scoring rules changed" (its "before" figures are keyed to reports as committed then: ``path@COMMIT``).
+Every claim comment of those sections must sit inside an item (a claim outside every item is checked by
+nothing).
 
 The README is where users read the suite's figures, so a figure that is not in the committed report it cites is
 a wrong number in public (issue 14, finding 12: tau 2.18 where the report said 2.22, a float32 floor no report
@@ -25,10 +30,11 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.claims import check_claim, parse_claims, strip_claims, unshown_figures
+from benchmarks.claims import check_claim, parse_claims, report_text, strip_claims, unshown_figures
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTION = "## What the committed reports show"
+SECTIONS = (SECTION, "## What changed when the defense-scoring rules changed")  # the first is required
 CLAIM_FILES = ("README.md", "docs/findings.md")  # the README's table and the findings it moved to docs/
 REPORT_PATH = re.compile(r"`(reports/[^`\s]+)`")
 DECIMAL = re.compile(r"(?<![\w.])\d+\.\d+(?!\w)")
@@ -49,17 +55,32 @@ def table_rows(lines: list[str]) -> list[str]:
     return rows
 
 
-def claim_items(text: str) -> list[str]:
-    """The items of a file's claims section, each as one string: its table body rows, then its top-level bullets."""
+def claim_sections(text: str) -> list[str]:
+    """The text of each claims section of a file (:data:`SECTIONS`, up to the next ``## `` heading)."""
     if SECTION not in text:
         raise AssertionError(f"no '{SECTION}' section")
-    lines = text.split(SECTION, 1)[1].split("\n## ", 1)[0].splitlines()
-    prose = "\n".join(line for line in lines if not line.startswith("|"))
-    return table_rows(lines) + [b.strip() for b in re.split(r"\n- ", "\n" + prose)[1:]]
+    return [text.split(name, 1)[1].split("\n## ", 1)[0] for name in SECTIONS if name in text]
 
 
-def report_text(path: Path) -> str:
-    """The text of one committed report: a file, or every text file under a directory."""
+def claim_items(text: str) -> list[str]:
+    """The items of a file's claims sections, each as one string: per section its table body rows, then its
+    top-level bullets."""
+    items = []
+    for section in claim_sections(text):
+        lines = section.splitlines()
+        prose = "\n".join(line for line in lines if not line.startswith("|"))
+        items += table_rows(lines) + [b.strip() for b in re.split(r"\n- ", "\n" + prose)[1:]]
+    return items
+
+
+def named_report_text(root: Path, name: str) -> str | None:
+    """The text of one named report (None if it does not exist): a file, every text file under a directory, or
+    ``path@COMMIT``, a file as committed then."""
+    if "@" in name:
+        return report_text(root, name)[0]
+    path = root / name
+    if not path.exists():
+        return None
     files = [path] if path.is_file() else sorted(f for f in path.rglob("*") if f.suffix in TEXT_SUFFIXES)
     return "\n".join(f.read_text(encoding="utf-8", errors="replace") for f in files)
 
@@ -68,9 +89,9 @@ def unbacked_figures(bullet: str, root: Path = ROOT) -> tuple[list[str], list[st
     """(report paths named but missing, decimal figures not found in the named reports) of one bullet."""
     keyed = {f for c in parse_claims(bullet) for f in (c.shown.value, c.shown.low, c.shown.high) if f}
     bullet = strip_claims(bullet)
-    paths = [p.rstrip(".,;:") for p in REPORT_PATH.findall(bullet)]
-    missing = [p for p in paths if not (root / p).exists()]
-    shown = set(DECIMAL.findall("\n".join(report_text(root / p) for p in paths if (root / p).exists())))
+    texts = {p: named_report_text(root, p) for p in (p.rstrip(".,;:") for p in REPORT_PATH.findall(bullet))}
+    missing = [p for p, t in texts.items() if t is None]
+    shown = set(DECIMAL.findall("\n".join(t for t in texts.values() if t is not None)))
     return missing, [n for n in DECIMAL.findall(bullet) if n not in shown and n not in keyed]  # 8.0 is not 38.0
 
 
@@ -127,6 +148,21 @@ def test_a_figure_missing_from_its_report_is_caught(tmp_path):
 
 def test_claims_are_keyed_to_rows():
     assert len(KEYED) >= 40
+
+
+@pytest.mark.parametrize("name", CLAIM_FILES)
+def test_every_claim_comment_sits_in_an_item(name):
+    """A claim comment between items (under a table, before the first bullet) would be checked by nothing."""
+    text = (ROOT / name).read_text(encoding="utf-8")
+    in_sections = sum(len(parse_claims(s)) for s in claim_sections(text))
+    assert sum(len(parse_claims(item)) for item in ITEMS[name]) == in_sections
+
+
+def test_a_claim_under_a_table_is_not_in_any_item():
+    text = (SECTION + "\n\n| a | b |\n|---|---|\n| x | 1.5 (`reports/r/`) |\n"
+            "  <!-- claim: reports/r/results.json | a | b | 1.5 -->\n")
+    assert sum(len(parse_claims(i)) for i in claim_items(text)) == 0
+    assert len(parse_claims(claim_sections(text)[0])) == 1
 
 
 @pytest.mark.parametrize("claim, bullet", KEYED, ids=[f"{c.report}:{c.row}:{c.metric}" for c, _ in KEYED])

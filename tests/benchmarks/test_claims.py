@@ -112,3 +112,25 @@ def test_a_malformed_claim_is_a_one_line_error(bad):
     with pytest.raises(ClaimError, match="claim"):
         parse_claims(bad)
     assert parse_shown("3,186").value == "3,186"
+
+
+def test_a_claim_can_quote_a_report_as_committed_at_an_older_commit(root):
+    """A "before" figure stays checkable after a later run replaces its report: ``path@COMMIT`` reads the file
+    with ``git show``; a commit the clone lacks is a one-line problem naming the fix."""
+    import subprocess
+
+    git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git[:3] + ["init", "-q"], check=True)
+    subprocess.run(git + ["add", "reports"], check=True)
+    subprocess.run(git + ["commit", "-qm", "before"], check=True)
+    before = subprocess.run(git[:3] + ["rev-parse", "--short", "HEAD"], check=True, capture_output=True,
+                            text=True).stdout.strip()
+    newer = json.loads(json.dumps(RESULTS))
+    newer["results"]["defenses/head:8/noise"]["recovery_top1"].update(value=0.5, ci_low=0.4, ci_high=0.6)
+    (root / "reports" / "r" / "results.json").write_text(json.dumps(newer), encoding="utf-8")
+    old = f"<!-- claim: reports/r/results.json@{before} | defenses/head:8/noise | recovery_top1 | 84.4% [81.2, 87.5] -->"
+    assert check_claim(one(old), root) == []
+    assert check_claim(one(old.replace(f"@{before}", "")), root) != []  # the tree holds the newer run
+    assert check_claim(one(old.replace("84.4% [81.2, 87.5]", "50.0% [40.0, 60.0]")), root) != []  # the newer figure
+    (problem,) = check_claim(one(old.replace(before, "0000000")), root)
+    assert "not in this checkout's history" in problem and "\n" not in problem
