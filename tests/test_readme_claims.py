@@ -132,6 +132,8 @@ def _item_id(name: str, item: str) -> str:
 @pytest.mark.parametrize("name, bullet", BULLETS, ids=[_item_id(n, b) for n, b in BULLETS])
 def test_each_claim_names_existing_reports_that_show_its_figures(name, bullet):
     assert REPORT_PATH.search(bullet), f"claim in {name} names no committed report: {bullet[:80]!r}"
+    if "@" in "".join(REPORT_PATH.findall(bullet)) and not full_history():
+        pytest.skip("the item names a report at an older commit: needs the git history (this checkout is shallow)")
     missing, unbacked = unbacked_figures(bullet)
     assert not missing, f"claim names reports that do not exist: {missing}"
     assert not unbacked, f"figures not in the reports the claim names: {unbacked} in {bullet[:80]!r}"
@@ -165,8 +167,22 @@ def test_a_claim_under_a_table_is_not_in_any_item():
     assert len(parse_claims(claim_sections(text)[0])) == 1
 
 
+def full_history() -> bool:
+    """Whether this checkout has its whole git history (a shallow clone or an unpacked archive has not)."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--is-shallow-repository"], capture_output=True,
+                              text=True)
+    except OSError:
+        return False
+    return done.returncode == 0 and done.stdout.strip() == "false"
+
+
 @pytest.mark.parametrize("claim, bullet", KEYED, ids=[f"{c.report}:{c.row}:{c.metric}" for c, _ in KEYED])
 def test_each_keyed_claim_matches_its_row_and_is_in_the_prose(claim, bullet):
+    if "@" in claim.report and not full_history():
+        pytest.skip(f"{claim.report} needs the git history (this checkout is shallow or not a clone)")
     assert check_claim(claim, ROOT) == []
     assert unshown_figures(claim, strip_claims(bullet)) == [], f"the prose does not state {claim.text}"
 
