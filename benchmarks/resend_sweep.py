@@ -22,7 +22,9 @@ session): averaging then gains nothing by construction, which the sweep measures
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import re
 import time
 from pathlib import Path
 
@@ -41,6 +43,7 @@ from benchmarks.scored_set import ScoredSetConfig, set_size, take
 from benchmarks.stage_defenses import grid_data, spec_pipeline
 from splitinfer.defenses import DefensePipeline, check_specs
 from splitinfer.defenses.base import DefenseError, format_items
+from splitinfer.errors import SplitInferError
 
 ATTACK = "session-average"
 THREAT = "white-box (exact), adaptive, text resent in r sessions"
@@ -132,22 +135,33 @@ def plot(rows: list[dict], path: Path) -> Path | None:
 
     if not rows:
         return None
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(7, 4.5 + 0.2 * len({(r["depth"], r["defense"]) for r in rows})))
     for key in dict.fromkeys((r["depth"], r["defense"]) for r in rows):
         at = [r for r in rows if (r["depth"], r["defense"]) == key]
         x = [r["r"] for r in at]
         y = [100 * r["top1"]["value"] for r in at]
         err = [[yy - 100 * r["top1"]["ci_low"] for yy, r in zip(y, at)],
                [100 * r["top1"]["ci_high"] - yy for yy, r in zip(y, at)]]
-        ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=f"head {key[0]} {key[1]}")
+        ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=f"head {key[0]} {re.sub(r',profile=[0-9a-f]+', '', key[1])}")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("sessions carrying the same text (r)")
     ax.set_ylabel("top-1 recovery of user text (%)")
     ax.set_title(f"Resent text under noise ({ATTACK}, {THREAT})", fontsize=9)
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13))  # below the axes: no line hidden
+    fig.tight_layout()
     return save_figure(fig, path)
+
+
+def replot(out: Path) -> Path | None:
+    """Redraw ``out``'s plot from the rows its results.json stores (no model run); a one-line error if absent."""
+    try:
+        rows = json.loads((out / "results.json").read_text(encoding="utf-8"))["data"]["rows"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SplitInferError(f"--replot {out}: no resend-sweep results.json with data.rows there ({exc!r}); "
+                              "give the directory a sweep wrote") from None
+    return plot(rows, out / "recovery_vs_sessions.png")
 
 
 def to_document(data: dict) -> dict:
@@ -172,11 +186,20 @@ def main(argv: list[str] | None = None) -> int:
     remember_git_state()  # the checkout as this command found it, before it writes anything
     p = argparse.ArgumentParser(prog="python -m benchmarks.resend_sweep", description=__doc__.splitlines()[0])
     p.add_argument("--suite", default="literature", help="whose [defenses] corpora, sizes and scored set (default literature)")
-    p.add_argument("--specs", nargs="+", required=True, help="wire-noise specs (noise, pclip, shaped-noise)")
+    p.add_argument("--specs", nargs="+", help="wire-noise specs (noise, pclip, shaped-noise); required to run")
     p.add_argument("--depths", default="2", help="head depths, comma-separated (default 2)")
     p.add_argument("--repeats", default="1,2,4,8,16", help="sessions r, comma-separated (default 1,2,4,8,16)")
-    p.add_argument("--out", required=True, help="directory for report.md, results.json, the plot and predictions/")
+    p.add_argument("--out", help="directory for report.md, results.json, the plot and predictions/; required to run")
+    p.add_argument("--replot", metavar="DIR", help="only redraw DIR's plot from its results.json, then stop")
     args = p.parse_args(argv)
+    if args.replot:
+        try:
+            print(replot(Path(args.replot)))
+        except SplitInferError as e:
+            p.error(str(e))
+        return 0
+    if not args.specs or not args.out:
+        p.error("give --specs and --out (or --replot DIR to redraw a finished sweep's plot)")
     try:
         depths, repeats = _ints(args.depths), _ints(args.repeats)
     except ValueError:

@@ -73,3 +73,21 @@ def test_attack_rescore_reproduces_every_row_from_its_predictions(swept):
     checked = rescore_dir(swept[0])
     assert len(checked) == 4 and all(not c["missing"] and c["metrics"] and not c["mismatches"] for c in checked)
 
+
+
+def test_replot_redraws_a_finished_sweep_without_running_it(swept, tmp_path, capsys):
+    out = swept[0]
+    plot = out / "recovery_vs_sessions.png"
+    plot.unlink()
+    assert resend_sweep.main(["--replot", str(out)]) == 0
+    assert plot.stat().st_size > 0
+    with pytest.raises(SystemExit):
+        resend_sweep.main(["--replot", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert "no resend-sweep results.json" in err and "Traceback" not in err
+
+
+def test_running_needs_specs_and_an_output_directory(capsys):
+    with pytest.raises(SystemExit):
+        resend_sweep.main(["--specs", "noise(sigma=0.1)"])
+    assert "give --specs and --out" in capsys.readouterr().err
