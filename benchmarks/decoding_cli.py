@@ -22,13 +22,14 @@ def cmd_decoding(args) -> int:
     else:
         from splitinfer.client import SplitModel
 
+        drafters = heldout_drafters(args) if args.prompt_split else None  # a bad name fails before the model loads
         sm = SplitModel(ModelFlags.from_args(args).load(), args.split, wire_dtype="fp32")
         if args.prompt_split:
             from benchmarks.decoding_heldout import run_heldout_bench
 
             results = run_heldout_bench(sm, args.prompt_split, args.max_new_tokens, args.prompts_per_category,
                                         rtt_prompts=args.rtt_prompts, ablation=not args.no_ablation,
-                                        tolerance=args.tolerance)
+                                        tolerance=args.tolerance, drafters=drafters)
             save(results, out)
         else:
             results = run_decoding_bench(
@@ -57,6 +58,21 @@ def cmd_decoding(args) -> int:
     return 0 if all(t["met"] for t in exact) else 1  # non-zero when any output differs from sequential
 
 
+def heldout_drafters(args) -> dict[str, dict]:
+    """The model drafters ``--proposers`` adds to a held-out run (its other rows are fixed), with their options;
+    a one-line error for any other name."""
+    from benchmarks.decoding import MODEL_DRAFTERS
+
+    names = [n.strip() for n in (args.proposers or "").split(",") if n.strip()]
+    other = [n for n in names if n not in MODEL_DRAFTERS]
+    if other:
+        raise SplitInferError(f"--prompt-split runs fixed rows; --proposers there only adds model drafters "
+                              f"({', '.join(MODEL_DRAFTERS)}), not {', '.join(other)}")
+    opts = {"local-draft": {"calibration": args.draft_calibration},
+            "feature-draft": {"draft_head": args.draft_head, **feature_draft_options(args.decoding_option)}}
+    return {n: opts[n] for n in names}
+
+
 def feature_draft_options(items: list[str]) -> dict:
     """``--decoding-option feature-draft.KEY=VALUE`` items -> feature-draft's options (the only component
     whose options this benchmark takes; it applies them alone and as a source of combined)."""
@@ -76,7 +92,8 @@ def register(bsub) -> None:
                    help="cap on prompts per category (default: all: 5 project prompts, 10 held-out test, 4 dev)")
     d.add_argument("--proposers", default=None,
                    help="comma list (default: sequential, the training-free proposers and combined; also "
-                        "jacobi, lookahead, local-draft, feature-draft)")
+                        "jacobi, lookahead, local-draft, feature-draft); with --prompt-split only local-draft "
+                        "and/or feature-draft, each added alone and as a source of combined")
     d.add_argument("--humaneval", type=int, default=20,
                    help="also the first N HumanEval problems in chat form (reported, never tuned on; default "
                         "%(default)s; 0: none)")

@@ -12,7 +12,11 @@
 3. every source alone, the per-source ablation of combined (sources left out and added) and the sizing rows,
    all replayed; the same at 128 new tokens (rows ``@128``);
 4. the speed-up over sequential at 80 ms: modelled (this CPU's fitted step costs and flat compute) and
-   measured over an emulated 80 ms link on ``rtt_prompts`` prompts per category.
+   measured over an emulated 80 ms link on ``rtt_prompts`` prompts per category;
+5. opt-in (``drafters``, ``--proposers feature-draft`` and/or ``local-draft``): each model drafter alone and as
+   a source of ``combined``, run for real on every prompt (they read the model's states, so they cannot be
+   replayed) and checked token by token against the references. Their draft time is local compute, added to
+   the modelled step, not fitted.
 
 Pieces:
 
@@ -113,10 +117,22 @@ def _peer_records(bench, label: str) -> list[dict]:
              "tau": r["tokens"] / max(1, len(r["steps"])), "token_identical": True} for r in bench.runs[label]]
 
 
+def _head_sha(sm, drafters: dict | None) -> str | None:
+    """sha256 of the feature-draft head the run used (None when feature-draft did not run)."""
+    if not drafters or "feature-draft" not in drafters:
+        return None
+    from splitinfer.decoding.feature_head import default_dir, weights_sha256
+
+    return weights_sha256(drafters["feature-draft"].get("draft_head") or default_dir(sm.loaded.sha256))
+
+
 def run_heldout_bench(sm, split: str, max_new_tokens: int = 256, per_category: int | None = None,
                       rtt_prompts: int = 1, peer_prompts: int = 1, ablation: bool = True,
-                      tolerance: float = 1e-4) -> dict:
-    """The held-out benchmark: see the module docstring of :mod:`benchmarks.decoding` and this module's."""
+                      tolerance: float = 1e-4, drafters: dict[str, dict] | None = None) -> dict:
+    """The held-out benchmark: see the module docstring of :mod:`benchmarks.decoding` and this module's.
+
+    ``drafters``: model drafter name -> its options (e.g. ``{"feature-draft": {"draft_head": DIR}}``), each run
+    alone and in ``combined`` (rows ``NAME`` and ``combined+NAME``)."""
     from benchmarks.decoding import CPU80, FLAT80, HF_PROMPT_LOOKUP, HF_RULE, DecodingBench, committed
     from benchmarks.decoding import measured_steps
     from benchmarks.decoding_ablation import run_ablation
@@ -145,6 +161,10 @@ def run_heldout_bench(sm, split: str, max_new_tokens: int = 256, per_category: i
                                    [bench.refs[i].token_ids for i in peer_sub], max_new_tokens, eos_ids(sm.loaded))
     checks["transformers prompt lookup rule"] = [r["forwards"] for r in real_peer] == [
         len(bench.runs[HF_RULE][i]["steps"]) for i in peer_sub]
+    for drafter, opts in (drafters or {}).items():  # real runs: a model drafter reads states, no replay
+        bench.measure(drafter, drafter, {**CPU80, **opts})
+        bench.measure(f"combined+{drafter}", "combined",
+                      {**CPU80, **opts, "sources": ",".join((*DEFAULT_SOURCES, drafter))})
     all_steps = measured_steps([r for recs in bench.runs.values() for r in recs])
     model = fit(all_steps, 0.0, None, skip_prefill=False)
     if ablation:
@@ -165,6 +185,7 @@ def run_heldout_bench(sm, split: str, max_new_tokens: int = 256, per_category: i
                    "prompts": prompts, "categories": list(prompts), "tolerance": tolerance,
                    "combined_options": CPU80, "combined_gpu_flat_options": FLAT80,
                    "combined_sources": list(DEFAULT_SOURCES), "reference": "combined, checked greedy token by token",
+                   "drafters": drafters or {}, "draft_head_sha256": _head_sha(sm, drafters),
                    "real_sequential_prompts_per_category": rtt_prompts, "real_peer_prompts_per_category": peer_prompts,
                    "tokenisation": tokenisation_record(sm.loaded.tokenizer)},
         "step_model": model.to_dict(),

@@ -70,3 +70,43 @@ def test_measured_at_rtt_pays_the_round_trips(results, tiny):
     seq = out["sequential"]
     assert seq["n"] == 2 and seq["identical"] == 2
     assert seq["wall_s"] >= 0.04 * seq["steps"] * 0.9  # every step waited for the emulated RTT
+
+
+def test_a_trained_drafter_is_run_alone_and_in_combined_and_checked(tmp_path, capsys):
+    """``--proposers feature-draft`` on a held-out run adds the trained drafter alone and as a source of
+    combined, run for real on every prompt and compared token by token with the greedy references."""
+    import json
+
+    from benchmarks import decoding_heldout
+    from splitinfer.cli import main
+
+    head, out = tmp_path / "head", tmp_path / "out"
+    assert main(["draft-train", "--model", "tiny-random", "--out", str(head), "--tokens", "24", "--steps", "2",
+                 "--batch", "8", "--hidden", "16", "--max-new-tokens", "8", "--prompt-chars", "30"]) == 0
+    mp = pytest.MonkeyPatch()
+    mp.setattr(prompt_sets, "prompt_set", lambda split, n=None: PROMPTS)
+    mp.setattr(decoding_heldout, "SHORT", 5)
+    try:
+        assert main(["bench", "decoding", "--model", "tiny-random", "--prompt-split", "test", "--max-new-tokens",
+                     "10", "--no-ablation", "--rtt-prompts", "0", "--proposers", "feature-draft", "--draft-head",
+                     str(head), "--out", str(out)]) == 0
+    finally:
+        mp.undo()
+    res = json.loads((out / "decoding.json").read_text())
+    for label in ("feature-draft", "combined+feature-draft"):
+        runs = res["runs"][label]
+        assert len(runs) == 3 and all(r["token_identical"] and not r.get("replayed") for r in runs), label
+    assert res["config"]["drafters"]["feature-draft"]["draft_head"] == str(head)
+    assert res["config"]["draft_head_sha256"]
+    goals = json.loads((out / "summary.json").read_text())["targets"]
+    assert "combined+feature-draft: tau / ngram-pool tau (mean over categories)" in goals
+    assert any(k.startswith("combined+feature-draft: tau / transformers") for k in goals)
+
+
+def test_a_held_out_run_takes_only_model_drafters_as_proposers(tmp_path, capsys):
+    from splitinfer.cli import main
+
+    assert main(["bench", "decoding", "--model", "tiny-random", "--prompt-split", "test", "--proposers",
+                 "jacobi", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "only adds model drafters" in err and "Traceback" not in err
