@@ -10,7 +10,9 @@ BiSR, arXiv 2409.00960, both name repeated queries as the averaging threat).
 For each head depth and wire-noise spec this scores ``session-average`` (the Mahalanobis matcher on the mean of
 r sessions, :mod:`attacks.recipes.session_average`) at each r on the common scored set of the suite named by
 ``--suite`` (its corpora, sample sizes and scored set), r = 1 being the single-session Mahalanobis matcher.
-The r sessions are nested (sessions 0..r-1 of the same clean states) so each r's gain over r = 1 is a paired
+At each r a fresh attacker is fitted on the mean of r of its own simulated releases of its training text
+(:meth:`~attacks.recipes.session_average.SessionAverage.fit_sessions`), so its candidate proposer ranks for
+the noise it then inverts. The r sessions are nested (sessions 0..r-1 of the same clean states) so each r's gain over r = 1 is a paired
 bootstrap over documents. Specs may set ``per_session=false`` (the same token path gets the same draw in every
 session): averaging then gains nothing by construction, which the sweep measures rather than assumes.
 
@@ -73,13 +75,14 @@ def run(loaded, cfg: dict, specs: list[str], depths: list[int], repeats: list[in
         sigma, fresh = _sigma(pipe)
         clean = take(data.test[head], data.chosen[head])
         target = defend_taps(clean, pipe)  # session 0: the r = 1 release
-        t0 = time.perf_counter()
-        atk = make_attack(ATTACK, model=loaded, seed=seed, defense=format_items(pipe.items, public=True), **opts)
-        atk.fit(defend_taps(train, attacker_view(pipe)))
-        fit_s, first = time.perf_counter() - t0, None
+        first, view = None, attacker_view(pipe)
         prior, vocab = prior_from_taps(train), int(loaded.config.vocab_size)  # the baselines: one per cell
         for r in repeats:
+            t0 = time.perf_counter()  # a fresh attacker per r, fitted on its own r-session means of its text
+            atk = make_attack(ATTACK, model=loaded, seed=seed, defense=format_items(pipe.items, public=True), **opts)
+            atk.fit_sessions(resent_taps(train, view, r))
             t1 = time.perf_counter()
+            fit_s = t1 - t0
             inv = atk.invert_sessions(resent_taps(clean, pipe, r), k=5)
             inv_s = time.perf_counter() - t1
             run_name = f"resend/{head}/{pipe.label}/r={r}"
@@ -91,7 +94,7 @@ def run(loaded, cfg: dict, specs: list[str], depths: list[int], repeats: list[in
                    "effective_sigma": sigma / math.sqrt(r) if fresh else sigma, "threat_model": THREAT,
                    "top1": got["metrics"]["token_acc_top1"], "doc_top1": got["doc_top1"],
                    "scored_set": dict(zip(("tokens", "documents"), set_size(target))),
-                   "fit_seconds": fit_s, "seconds_per_token": inv_s / max(1, target.n_tokens)}
+                   "fit_seconds": fit_s, "fitted_on_sessions": r, "seconds_per_token": inv_s / max(1, target.n_tokens)}
             first = first or row
             row["gain_over_r1"] = None if row is first else paired_gap(row, first, seed=seed)
             rows.append(row)

@@ -158,11 +158,15 @@ def _attack(loaded, name: str, opts: dict, pipe: DefensePipeline, train: Taps, t
         hp["defense"] = format_items(pipe.items, public=True)
     atk = make_attack(name, model=loaded, seed=seed, **hp)
     t0 = time.perf_counter()
-    atk.fit(defend_taps(train, own))
+    resent = hasattr(atk, "invert_sessions") and clean is not None  # the same text resent in fresh sessions
+    if resent:  # fitted on its own r-session means: proposer and covariance match what it inverts
+        atk.fit_sessions(resent_taps(train, own, int(atk.hparams["repeats"])))
+    else:
+        atk.fit(defend_taps(train, own))
     show_cloud(atk, loaded, pipe, int(target.meta["depth"]))  # permute: the cloud's own transformed weights
     vocab, prior = int(loaded.config.vocab_size), prior_from_taps(train)
     t1 = time.perf_counter()
-    if hasattr(atk, "invert_sessions") and clean is not None:  # the same text resent in fresh sessions
+    if resent:
         inv = atk.invert_sessions(resent_taps(clean, pipe, int(atk.hparams["repeats"])), k=5)
     else:
         inv = atk.invert(target, k=5)
@@ -171,7 +175,8 @@ def _attack(loaded, name: str, opts: dict, pipe: DefensePipeline, train: Taps, t
                                                meta={"attack": name, "defense": pipe.label})
     fitted = {k: v for k, v in inv.info.items() if k.startswith("adapter_") and isinstance(v, (bool, int, float))}
     out = [{"attack": name, "threat_model": _threat(name, pipe), **got, "seconds": time.perf_counter() - t0,
-            "seconds_per_token": inv_s / max(1, target.n_tokens), **fitted}]  # vocab-match-fitted
+            "seconds_per_token": inv_s / max(1, target.n_tokens), **fitted,  # vocab-match-fitted
+            **({"fitted_on_sessions": int(atk.hparams["repeats"])} if resent else {})}]
     if pairs and hasattr(atk, "fine_tune"):
         public = {k: v.clone() for k, v in atk.module.state_dict().items()}
         for k, known in sorted(pairs.items()):
@@ -354,7 +359,7 @@ def _summary(row: dict) -> dict:
                                   "baseline_unigram_top1", "baseline_position_top1") if k in m}
         return {"attack": x["attack"], "threat_model": x["threat_model"], "top1": m["token_acc_top1"], **keep,
                 **{k: x[k] for k in ("k", "pairs_used", "kept_public", "gap_to_best", "doc_top1", "seconds",
-                                     "seconds_per_token", "test_tokens") if k in x},
+                                     "seconds_per_token", "test_tokens", "fitted_on_sessions") if k in x},
                 **{k: v for k, v in x.items() if k.startswith("adapter_")}}
 
     return {**{k: v for k, v in row.items() if k not in ("attackers", "best")},

@@ -14,6 +14,13 @@ scratchpad, and client retries after a dropped connection. Within one session th
 position and content, so resending inside a session gives the same draw and averages nothing; a new session
 draws afresh.
 
+Fitting to the repeats (:meth:`SessionAverage.fit_sessions`): the attacker simulates the defense on its own
+training text r times with its own draws and fits on the mean, so its candidate proposer and its noise
+covariance are those of an r-session average, the distribution it then inverts. Fitted on single releases
+(plain ``fit``), the proposer ranks candidates for noise sqrt(r) times larger than what it sees, and under a
+candidate cap the true token can fall outside the list: recovery then flattens in r below what the lower
+noise allows (the first committed resend sweep, `reports/resend/`, was fitted so).
+
 Linking the repeats: the attacker is told which sessions carry the same text (same account and same prefix
 length: what a provider's logs show); :meth:`SessionAverage.invert_sessions` takes them as a list of taps
 with the same token layout. Deviations: no linking attack is run (states of a resent prefix differ only by
@@ -60,6 +67,15 @@ class SessionAverage(WhitenedVocabMatch):
         if isinstance(r, bool) or not isinstance(r, int) or r < 1:
             raise AttackError(f"session-average repeats={r!r}; give an integer >= 1 (sessions resending the text)")
         self.repeats_seen = 1
+        self.fit_repeats = 1  # sessions averaged in the releases the attacker was fitted on
+
+    def fit_sessions(self, sessions: list[Taps], val: Taps | None = None) -> "SessionAverage":
+        """Fit on the mean of ``sessions`` (the attacker's own simulated releases of its training text, r fresh
+        sessions): proposer and noise covariance then match an r-session average."""
+        self.fit(average_sessions(sessions), val)
+        self.fit_repeats = len(sessions)
+        self.fit_report["sessions_averaged"] = len(sessions)
+        return self
 
     def invert_sessions(self, sessions: list[Taps], k: int = 5) -> Inversion:
         """Invert the mean of ``sessions`` (the same sequences, each from a fresh session)."""
@@ -72,4 +88,5 @@ class SessionAverage(WhitenedVocabMatch):
         return inv
 
     def log_likelihood(self, h, obs, t=None):  # (B, d), (d,) -> (B,): the mean's covariance is Sigma / r
-        return self.repeats_seen * super().log_likelihood(h, obs, t)
+        # the fitted covariance is that of a fit_repeats-session mean: rescale it to repeats_seen sessions
+        return (self.repeats_seen / self.fit_repeats) * super().log_likelihood(h, obs, t)

@@ -41,6 +41,7 @@ def test_each_spec_and_r_is_a_row_with_its_predictions(swept):
     assert [(r["per_session"], r["r"]) for r in rows] == [(True, 1), (True, 4), (False, 1), (False, 4)]
     assert rows[1]["effective_sigma"] == pytest.approx(0.15) and rows[3]["effective_sigma"] == pytest.approx(0.3)
     assert all(r["scored_set"]["tokens"] == r["top1"]["n"] > 0 for r in rows)
+    assert [r["fitted_on_sessions"] for r in rows] == [1, 4, 1, 4]  # each r's attacker fitted on r-session means
     assert len(list((out / "predictions").rglob("*.jsonl*"))) == 4
     assert (out / "recovery_vs_sessions.png").stat().st_size > 0
     assert "| 2 | `noise(sigma=0.3," in (out / "report.md").read_text()

@@ -314,3 +314,4 @@ def test_attackers_run_only_where_they_apply(cfg: dict) -> None:
                    "noise": ["vocab-match-adaptive", "vocab-match-whitened", "session-average"]}
     noise = next(r for r in out["rows"] if r["defense"].startswith("noise"))
     assert all(x["threat_model"] == "white-box (exact), adaptive" for x in noise["attackers"])
+    assert [x.get("fitted_on_sessions") for x in noise["attackers"]] == [None, None, 4]  # fitted on 4-session means
