@@ -42,3 +42,12 @@ def test_validate_refuses_a_name_that_leaves_reports(tmp_path):
     path = tmp_path / "escape.toml"
     path.write_text('name = "../../escaped-suite"\nmodel = "tiny-random"\n[speed]\n')
     assert main(["bench", "validate", str(path)]) == 2
+
+
+def test_the_timing_suite_keeps_the_full_grids_sizes():
+    """full-defenses-timing times two jobs of the full grid to project its cost: every size but the rows must be
+    full.toml's (it said "sizes unchanged" while its scored set was a tenth of the grid's)."""
+    full, timing = load_suite("full").stage("defenses"), load_suite("full-defenses-timing").stage("defenses")
+    rows = {"head_depths", "defenses", "overhead", "rows_elsewhere", "time_budget_s", "budget_s"}
+    assert {k: v for k, v in timing.items() if k not in rows} == {k: v for k, v in full.items() if k not in rows}
+    assert set(timing["defenses"]) <= set(full["defenses"])
