@@ -12,9 +12,10 @@ r sessions, :mod:`attacks.recipes.session_average`) at each r on the common scor
 ``--suite`` (its corpora, sample sizes and scored set), r = 1 being the single-session Mahalanobis matcher.
 At each r a fresh attacker is fitted on the mean of r of its own simulated releases of its training text
 (:meth:`~attacks.recipes.session_average.SessionAverage.fit_sessions`), so its candidate proposer ranks for
-the noise it then inverts. The r sessions are nested (sessions 0..r-1 of the same clean states) so each r's gain over r = 1 is a paired
-bootstrap over documents. Specs may set ``per_session=false`` (the same token path gets the same draw in every
-session): averaging then gains nothing by construction, which the sweep measures rather than assumes.
+the noise it then inverts. The r sessions are nested (sessions 0..r-1 of the same clean states) so each r's
+gain over r = 1 is a paired bootstrap over documents. Specs may set ``per_session=false`` (the same token path
+gets the same draw in every session): averaging then gains nothing by construction, which the sweep measures
+rather than assumes.
 
     flock /tmp/heavy.lock env OMP_NUM_THREADS=2 PYTHONPATH=. python -m benchmarks.resend_sweep \\
         --suite literature --depths 2 --repeats 1,2,4,8,16 --out reports/resend \\
@@ -94,7 +95,8 @@ def run(loaded, cfg: dict, specs: list[str], depths: list[int], repeats: list[in
                    "effective_sigma": sigma / math.sqrt(r) if fresh else sigma, "threat_model": THREAT,
                    "top1": got["metrics"]["token_acc_top1"], "doc_top1": got["doc_top1"],
                    "scored_set": dict(zip(("tokens", "documents"), set_size(target))),
-                   "fit_seconds": fit_s, "fitted_on_sessions": r, "seconds_per_token": inv_s / max(1, target.n_tokens)}
+                   "fit_seconds": fit_s, "fitted_on_sessions": r,
+                   "seconds_per_token": inv_s / max(1, target.n_tokens)}
             first = first or row
             row["gain_over_r1"] = None if row is first else paired_gap(row, first, seed=seed)
             rows.append(row)
@@ -145,7 +147,8 @@ def plot(rows: list[dict], path: Path) -> Path | None:
         y = [100 * r["top1"]["value"] for r in at]
         err = [[yy - 100 * r["top1"]["ci_low"] for yy, r in zip(y, at)],
                [100 * r["top1"]["ci_high"] - yy for yy, r in zip(y, at)]]
-        ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=f"head {key[0]} {re.sub(r',profile=[0-9a-f]+', '', key[1])}")
+        label = f"head {key[0]} {re.sub(r',profile=[0-9a-f]+', '', key[1])}"  # the profile hash says nothing here
+        ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=label)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("sessions carrying the same text (r)")
     ax.set_ylabel("top-1 recovery of user text (%)")
