@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 import torch
@@ -204,8 +205,9 @@ class DecodingBench:
                 "model_sha256": self.sm.loaded.sha256, "refs": refs}
 
 
-def _head_sha(sm: SplitModel, draft_head: str | None, wanted: list[str]) -> str | None:
-    """sha256 of the feature-draft head the run used (None when feature-draft did not run)."""
+def head_sha(sm: SplitModel, draft_head: str | None, wanted: Collection[str]) -> str | None:
+    """sha256 of the feature-draft head the run used (None when feature-draft is not among ``wanted``, the
+    proposers that ran); the held-out benchmark records it too."""
     if "feature-draft" not in wanted:
         return None
     from splitinfer.decoding.feature_head import default_dir, weights_sha256
@@ -280,7 +282,7 @@ def run_decoding_bench(
                    "device": str(sm.device), "humaneval": humaneval, "subset_prompts": subset_prompts,
                    "wire_dtype": "fp32", "max_new_tokens": max_new_tokens, "prompts": prompts,
                    "tolerance": tolerance, "combined_options": CPU80, "draft_calibration": draft_calibration,
-                   "draft_head": draft_head, "draft_head_sha256": _head_sha(sm, draft_head, wanted),
+                   "draft_head": draft_head, "draft_head_sha256": head_sha(sm, draft_head, wanted),
                    "feature_draft_options": feature_draft_options or {},
                    "combined_gpu_flat_options": FLAT80, "categories": list(prompts),
                    "combined_sources": list(DEFAULT_SOURCES)},

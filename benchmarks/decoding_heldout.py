@@ -117,15 +117,6 @@ def _peer_records(bench, label: str) -> list[dict]:
              "tau": r["tokens"] / max(1, len(r["steps"])), "token_identical": True} for r in bench.runs[label]]
 
 
-def _head_sha(sm, drafters: dict | None) -> str | None:
-    """sha256 of the feature-draft head the run used (None when feature-draft did not run)."""
-    if not drafters or "feature-draft" not in drafters:
-        return None
-    from splitinfer.decoding.feature_head import default_dir, weights_sha256
-
-    return weights_sha256(drafters["feature-draft"].get("draft_head") or default_dir(sm.loaded.sha256))
-
-
 def run_heldout_bench(sm, split: str, max_new_tokens: int = 256, per_category: int | None = None,
                       rtt_prompts: int = 1, peer_prompts: int = 1, ablation: bool = True,
                       tolerance: float = 1e-4, drafters: dict[str, dict] | None = None) -> dict:
@@ -134,7 +125,7 @@ def run_heldout_bench(sm, split: str, max_new_tokens: int = 256, per_category: i
     ``drafters``: model drafter name -> its options (e.g. ``{"feature-draft": {"draft_head": DIR}}``), each run
     alone and in ``combined`` (rows ``NAME`` and ``combined+NAME``)."""
     from benchmarks.decoding import CPU80, FLAT80, HF_PROMPT_LOOKUP, HF_RULE, DecodingBench, committed
-    from benchmarks.decoding import measured_steps
+    from benchmarks.decoding import head_sha, measured_steps
     from benchmarks.decoding_ablation import run_ablation
     from benchmarks.decoding_peers import prompt_lookup_runs
     from benchmarks.prompt_sets import prompt_set
@@ -145,6 +136,7 @@ def run_heldout_bench(sm, split: str, max_new_tokens: int = 256, per_category: i
     from splitinfer.tokens import tokenisation_record
 
     t0 = time.perf_counter()
+    drafters = drafters or {}
     prompts = prompt_set(split, per_category)
     bench = DecodingBench(sm, prompts, max_new_tokens, tolerance)
     sm.generate(bench.ids[0], 4)  # warm-up
@@ -161,7 +153,7 @@ def run_heldout_bench(sm, split: str, max_new_tokens: int = 256, per_category: i
                                    [bench.refs[i].token_ids for i in peer_sub], max_new_tokens, eos_ids(sm.loaded))
     checks["transformers prompt lookup rule"] = [r["forwards"] for r in real_peer] == [
         len(bench.runs[HF_RULE][i]["steps"]) for i in peer_sub]
-    for drafter, opts in (drafters or {}).items():  # real runs: a model drafter reads states, no replay
+    for drafter, opts in drafters.items():  # real runs: a model drafter reads states, no replay
         bench.measure(drafter, drafter, {**CPU80, **opts})
         bench.measure(f"combined+{drafter}", "combined",
                       {**CPU80, **opts, "sources": ",".join((*DEFAULT_SOURCES, drafter))})
@@ -185,7 +177,8 @@ def run_heldout_bench(sm, split: str, max_new_tokens: int = 256, per_category: i
                    "prompts": prompts, "categories": list(prompts), "tolerance": tolerance,
                    "combined_options": CPU80, "combined_gpu_flat_options": FLAT80,
                    "combined_sources": list(DEFAULT_SOURCES), "reference": "combined, checked greedy token by token",
-                   "drafters": drafters or {}, "draft_head_sha256": _head_sha(sm, drafters),
+                   "drafters": drafters,
+                   "draft_head_sha256": head_sha(sm, drafters.get("feature-draft", {}).get("draft_head"), drafters),
                    "real_sequential_prompts_per_category": rtt_prompts, "real_peer_prompts_per_category": peer_prompts,
                    "tokenisation": tokenisation_record(sm.loaded.tokenizer)},
         "step_model": model.to_dict(),

@@ -140,8 +140,9 @@ def plot(rows: list[dict], path: Path) -> Path | None:
 
     if not rows:
         return None
-    fig, ax = plt.subplots(figsize=(7, 4.5 + 0.2 * len({(r["depth"], r["defense"]) for r in rows})))
-    for key in dict.fromkeys((r["depth"], r["defense"]) for r in rows):
+    keys = list(dict.fromkeys((r["depth"], r["defense"]) for r in rows))  # one line each, in row order
+    fig, ax = plt.subplots(figsize=(7, 4.5 + 0.2 * len(keys)))
+    for key in keys:
         at = [r for r in rows if (r["depth"], r["defense"]) == key]
         x = [r["r"] for r in at]
         y = [100 * r["top1"]["value"] for r in at]
@@ -156,7 +157,6 @@ def plot(rows: list[dict], path: Path) -> Path | None:
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13))  # below the axes: no line hidden
-    fig.tight_layout()
     return save_figure(fig, path)
 
 

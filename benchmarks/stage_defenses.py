@@ -159,15 +159,16 @@ def _attack(loaded, name: str, opts: dict, pipe: DefensePipeline, train: Taps, t
     atk = make_attack(name, model=loaded, seed=seed, **hp)
     t0 = time.perf_counter()
     resent = hasattr(atk, "invert_sessions") and clean is not None  # the same text resent in fresh sessions
+    repeats = int(atk.hparams["repeats"]) if resent else 1
     if resent:  # fitted on its own r-session means: proposer and covariance match what it inverts
-        atk.fit_sessions(resent_taps(train, own, int(atk.hparams["repeats"])))
+        atk.fit_sessions(resent_taps(train, own, repeats))
     else:
         atk.fit(defend_taps(train, own))
     show_cloud(atk, loaded, pipe, int(target.meta["depth"]))  # permute: the cloud's own transformed weights
     vocab, prior = int(loaded.config.vocab_size), prior_from_taps(train)
     t1 = time.perf_counter()
     if resent:
-        inv = atk.invert_sessions(resent_taps(clean, pipe, int(atk.hparams["repeats"])), k=5)
+        inv = atk.invert_sessions(resent_taps(clean, pipe, repeats), k=5)
     else:
         inv = atk.invert(target, k=5)
     inv_s = time.perf_counter() - t1
@@ -176,7 +177,7 @@ def _attack(loaded, name: str, opts: dict, pipe: DefensePipeline, train: Taps, t
     fitted = {k: v for k, v in inv.info.items() if k.startswith("adapter_") and isinstance(v, (bool, int, float))}
     out = [{"attack": name, "threat_model": _threat(name, pipe), **got, "seconds": time.perf_counter() - t0,
             "seconds_per_token": inv_s / max(1, target.n_tokens), **fitted,  # vocab-match-fitted
-            **({"fitted_on_sessions": int(atk.hparams["repeats"])} if resent else {})}]
+            **({"fitted_on_sessions": repeats} if resent else {})}]
     if pairs and hasattr(atk, "fine_tune"):
         public = {k: v.clone() for k, v in atk.module.state_dict().items()}
         for k, known in sorted(pairs.items()):
@@ -296,7 +297,8 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
             continue
         try:
             tj = time.perf_counter()
-            pipe = calibrate(loaded, spec_pipeline(spec, train[a]), a, tail, train[a], seed)  # pclip, shaped-noise, denoise
+            # pclip, shaped-noise and denoise are calibrated on the training taps
+            pipe = calibrate(loaded, spec_pipeline(spec, train[a]), a, tail, train[a], seed)
             test = clean_test[a]
             pipe = with_trained_adapter(loaded, pipe, a, corpora, seed, workdir)
             if pipe.model_items:  # a private head: the victim's states come from its own layers (same sequences)
