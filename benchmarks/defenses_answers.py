@@ -1,4 +1,5 @@
-"""Plain answers to the defense questions (a)-(e), and (f) for the permute stretch, from the ``defenses`` stage.
+"""Plain answers to the defense questions (a)-(e), (f) for the permute stretch and (g) the "empty middle", from the
+``defenses`` stage.
 
 Each answer is computed from whatever the run measured; a question whose rows
 the suite's grid lacks is answered ``not measured in this suite``. Recovery is
@@ -71,6 +72,47 @@ def _lower(rows: list[dict], family: str) -> str:
             "sample. ")
 
 
+def _interval(r: dict, key: str) -> tuple[float, float | None, float | None]:
+    """(value, low, high) of a utility metric: the row's bootstrap interval where it has one, else the point."""
+    got = r.get("intervals", {}).get(key)
+    if got:
+        return got["value"], got.get("ci_low"), got.get("ci_high")
+    return r[key], None, None
+
+
+def _cost(r: dict) -> str:
+    """Recovery, agreement, speed and bytes of one row, each with what the row has."""
+    agr, lo, hi = _interval(r, "next_token_agreement")
+    ci = "" if lo is None else f" [{100 * lo:.1f}, {100 * hi:.1f}]"
+    speed = "" if r.get("modelled_tok_s_80ms") is None else f", {r['modelled_tok_s_80ms']:.2f} tok/s at 80 ms (modelled)"
+    size = "" if r.get("bytes_per_step") is None else f", {r['bytes_per_step']:,.0f} bytes/step"
+    return f"head {r['depth']}, `{r['defense']}`: recovery {_rec(r)}, next-token agreement {_pct(agr)}{ci}{speed}{size}"
+
+
+EMPTY_RECOVERY, EMPTY_AGREEMENT = 0.10, 0.90
+
+
+def _recovery(r: dict) -> tuple[float, float]:
+    """(point, 95% upper bound) of the strongest attacker's recovery; the point where there is no interval."""
+    t = r["best"]["top1"]
+    return t["value"], t["value"] if t.get("ci_high") is None else t["ci_high"]
+
+
+def _agreement(r: dict) -> tuple[float, float]:
+    """(point, 95% lower bound) of next-token agreement; the point where there is no interval."""
+    value, lo, _ = _interval(r, "next_token_agreement")
+    return value, value if lo is None else lo
+
+
+def _middle(r: dict) -> str | None:
+    """``sure`` when both intervals lie on the right side of their line (recovery under 10%, agreement above 90%),
+    ``points`` when only the points do, else None."""
+    (rec, rec_high), (agr, agr_low) = _recovery(r), _agreement(r)
+    if rec_high < EMPTY_RECOVERY and agr_low > EMPTY_AGREEMENT:
+        return "sure"
+    return "points" if rec < EMPTY_RECOVERY and agr > EMPTY_AGREEMENT else None
+
+
 def answer_a(rows: list[dict]) -> str:
     got = _versus_none(rows, "lora-random")
     if not got:
@@ -120,12 +162,17 @@ def answer_d(rows: list[dict]) -> str:
     noise = [r for r in rows if r["family"] == "noise"]
     if not noise:
         return NOT_MEASURED
-    good = [r for r in noise if r["best"]["top1"]["value"] < 0.10 and r["next_token_agreement"] > 0.90]
-    head = ("yes: " + ", ".join(f"head {r['depth']} `{r['defense']}`" for r in good) if good else
-            "no level measured here: every noise level either leaves the best adaptive attacker at or above 10% or "
-            "costs next-token agreement below 90%")
-    return head + ". " + "; ".join(f"head {r['depth']}, `{r['defense']}`: {_rec(r)}, next-token agreement "
-                                   f"{_pct(r['next_token_agreement'])}" for r in noise) + "."
+    good = [r for r in noise if _middle(r) == "sure"]
+    close = [r for r in noise if _middle(r) == "points"]
+    if good:
+        head = "yes: " + ", ".join(f"head {r['depth']} `{r['defense']}`" for r in good)
+    elif close:
+        head = ("not shown: the points of " + ", ".join(f"head {r['depth']} `{r['defense']}`" for r in close)
+                + " are in, but an interval crosses its line")
+    else:
+        head = ("no level measured here: every noise level either leaves the best adaptive attacker at or above 10% "
+                "or costs next-token agreement below 90%")
+    return head + ". " + "; ".join(_cost(r) for r in noise) + "."
 
 
 def answer_e(rows: list[dict]) -> str:
@@ -167,8 +214,48 @@ def answer_f(rows: list[dict]) -> str:
             "Not fully: the best attacker stays below 90% somewhere") + ". " + "; ".join(parts) + "."
 
 
+def answer_g(rows: list[dict]) -> str:
+    """The "empty middle" question (arXiv 2605.24042) over every defended configuration, per head depth.
+
+    A configuration is in the middle when the strongest attacker's recovery is under 10% and next-token agreement
+    above 90%. ``yes`` needs both 95% intervals on the right side of their line (recovery's upper bound under 10%,
+    agreement's lower bound over 90%); a row whose points are in but whose intervals cross a line is ``not shown``.
+    Where no row is in, the closest ones are named with their cost: the lowest recovery among rows that keep
+    agreement above 90%, and the highest agreement among rows that hold recovery under 10%.
+    """
+    defended = [r for r in rows if r["family"] != "none"]
+    if not defended:
+        return NOT_MEASURED
+    parts = []
+    for depth in sorted({r["depth"] for r in defended}):
+        at = [r for r in defended if r["depth"] == depth]
+
+        sure = [r for r in at if _middle(r) == "sure"]
+        points = [r for r in at if _middle(r) == "points"]
+        if sure:
+            parts.append(f"head {depth}: yes, " + "; ".join(_cost(r) for r in sure))
+            continue
+        if points:
+            parts.append(f"head {depth}: not shown (the points are in, an interval crosses its line): "
+                         + "; ".join(_cost(r) for r in points))
+            continue
+        text = f"head {depth}: no ({len(at)} configuration{'' if len(at) == 1 else 's'})"
+        usable = [r for r in at if _agreement(r)[0] > EMPTY_AGREEMENT]
+        hiding = [r for r in at if _recovery(r)[0] < EMPTY_RECOVERY]
+        if usable:
+            text += "; least recovered with agreement above 90%: " + _cost(min(usable, key=lambda r: _recovery(r)[0]))
+        else:
+            text += "; no configuration keeps agreement above 90%"
+        if hiding:
+            text += "; best agreement with recovery under 10%: " + _cost(max(hiding, key=lambda r: _agreement(r)[0]))
+        else:
+            text += "; no configuration holds recovery under 10%"
+        parts.append(text)
+    return "; ".join(parts) + "."
+
+
 def answers_section(data: dict) -> list[str]:
-    """The report's answers to (a)-(f), one line each."""
+    """The report's answers to (a)-(g), one line each."""
     rows = data.get("rows", [])
     return ["### Answers to the seed paper's defense questions", "",
             f"- (a) Does a random LoRA perturbation lower recovery by an adaptive attacker? {answer_a(rows)}",
@@ -180,4 +267,7 @@ def answers_section(data: dict) -> list[str]:
             f"- (e) Does private fine-tuning of the local layers stop white-box vocabulary matching, and how many "
             f"known-plaintext pairs does a learned attacker need to get back above 50%? {answer_e(rows)}",
             f"- (f) Does a secret permutation or rotation of the hidden dimension (PermLLM / STIP family) hide the "
-            f"states from the cloud that runs the transformed body? {answer_f(rows)}", ""]
+            f"states from the cloud that runs the transformed body? {answer_f(rows)}",
+            f"- (g) Is any configuration in the \"empty middle\" (arXiv 2605.24042): recovery by the strongest "
+            f"adaptive attacker under 10% with next-token agreement above 90%, both 95% intervals on the right side "
+            f"of their line, on this model? {answer_g(rows)}", ""]

@@ -1,6 +1,6 @@
 """benchmarks.defenses_answers on hand-made rows: each answer follows from the rows it prints."""
 
-from benchmarks.defenses_answers import answer_a, answer_b
+from benchmarks.defenses_answers import answer_a, answer_b, answer_d, answer_g
 
 
 def _split(depths: list[int], hits: int, sessions: int) -> dict:
@@ -43,3 +43,37 @@ def test_a_drop_is_judged_by_the_paired_difference_where_the_rows_have_it() -> N
     assert answer_a([none, row]).startswith("yes, partly: recovery falls by up to 12.5 points (significant")
     row["vs_undefended"] = {"value": -0.125, "ci_low": -0.3, "ci_high": 0.02}
     assert answer_a([none, row]).startswith("not shown")
+
+
+def _utility_row(family: str, rec: tuple[float, float, float], agr: tuple[float, float, float], depth: int = 2,
+                 name: str | None = None) -> dict:
+    """A row with recovery (point, low, high) and next-token agreement (point, low, high)."""
+    row = _row(family, *rec, depth=depth)
+    row["defense"] = name or family
+    row["next_token_agreement"] = agr[0]
+    row["intervals"] = {"next_token_agreement": {"value": agr[0], "ci_low": agr[1], "ci_high": agr[2]}}
+    row["modelled_tok_s_80ms"], row["bytes_per_step"] = 8.5, 2672.6
+    return row
+
+
+def test_noise_is_only_in_the_middle_when_both_intervals_are() -> None:
+    """The points (8% recovery, 95% agreement) are in, but recovery's interval reaches 12%: not a yes."""
+    crossing = _utility_row("noise", (0.08, 0.05, 0.12), (0.95, 0.92, 0.97))
+    assert answer_d([crossing]).startswith("not shown: the points of head 2 `noise` are in")
+    clear = _utility_row("noise", (0.04, 0.02, 0.07), (0.95, 0.92, 0.97))
+    assert answer_d([clear]).startswith("yes: head 2 `noise`")
+    assert "next-token agreement 95.0% [92.0, 97.0], 8.50 tok/s at 80 ms (modelled), 2,673 bytes/step" in answer_d([clear])
+
+
+def test_the_empty_middle_is_asked_of_every_configuration_per_depth() -> None:
+    rows = [_row("none", 1.0, 0.9, 1.0),
+            _utility_row("pclip", (0.99, 0.95, 1.0), (0.96, 0.94, 0.97), name="clip only"),
+            _utility_row("pclip", (0.60, 0.55, 0.65), (0.93, 0.91, 0.95), name="clip + a little noise"),
+            _utility_row("noise", (0.05, 0.02, 0.08), (0.12, 0.10, 0.14), name="loud noise"),
+            _utility_row("quant", (0.04, 0.01, 0.06), (0.95, 0.93, 0.97), depth=8, name="int2")]
+    text = answer_g(rows)
+    assert text.startswith("head 2: no (3 configurations); least recovered with agreement above 90%: head 2, "
+                           "`clip + a little noise`: recovery 60.0% [55.0, 65.0]")
+    assert "best agreement with recovery under 10%: head 2, `loud noise`" in text
+    assert "head 8: yes, head 8, `int2`" in text
+    assert answer_g([rows[0]]) == "not measured in this suite"
