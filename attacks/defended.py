@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -124,6 +125,15 @@ def show_cloud(attack, loaded, pipeline: DefensePipeline, depth: int) -> None:
     """Give ``attack`` the cloud's own body weights when the defense changed them and it can use them."""
     if pipeline.needs_cloud_weights and hasattr(attack, "observe_cloud"):
         attack.observe_cloud(cloud_body_layer(loaded, pipeline, depth), depth)
+
+
+def show_traffic(attack, released: Callable[[], Taps]) -> None:
+    """Give ``attack`` the victim's released states of every session it served (``released()``: made only when
+    the attack can use them, ``observe_traffic``): the cloud sees all of a deployment's traffic, not just the
+    sequences it is scored on, and never their tokens (an attack must not read ``token_ids`` beyond public
+    positions)."""
+    if hasattr(attack, "observe_traffic"):
+        attack.observe_traffic(released())
 
 
 

@@ -84,7 +84,8 @@ def _cost(r: dict) -> str:
     """Recovery, agreement, speed and bytes of one row, each with what the row has."""
     agr, lo, hi = _interval(r, "next_token_agreement")
     ci = "" if lo is None else f" [{100 * lo:.1f}, {100 * hi:.1f}]"
-    speed = "" if r.get("modelled_tok_s_80ms") is None else f", {r['modelled_tok_s_80ms']:.2f} tok/s at 80 ms (modelled)"
+    tok_s = r.get("modelled_tok_s_80ms")
+    speed = "" if tok_s is None else f", {tok_s:.2f} tok/s at 80 ms (modelled)"
     size = "" if r.get("bytes_per_step") is None else f", {r['bytes_per_step']:,.0f} bytes/step"
     return f"head {r['depth']}, `{r['defense']}`: recovery {_rec(r)}, next-token agreement {_pct(agr)}{ci}{speed}{size}"
 

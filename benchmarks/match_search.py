@@ -3,7 +3,10 @@
 Run: ``PYTHONPATH=. python -m benchmarks.match_search '<json>'`` with keys ``depths`` (head depths), ``specs``
 (defense specs; a noise spec without ``clip=`` gets the median state norm, as in the defenses stage),
 ``attacks`` (a list of ``[recipe, options]``), optional ``model`` (default ``default``), ``scored`` (prefix tokens
-per corpus, default 32), ``repeats`` (sessions for ``session-average``, default ``[1]``). Each line: depth,
+per corpus, default 32, cut from ``sequences`` sequences of different documents per corpus, default 4, of the
+first ``test_tokens`` test-split tokens per corpus, default 300), ``corpora`` (default prose and chat),
+``repeats`` (sessions for ``session-average``, default ``[1]``), ``traffic`` (test-split tokens per corpus whose
+released states an attack with ``observe_traffic`` sees, default 10000). Each line: depth,
 defense, attack, options, repeats, user-text top-1 with its bootstrap CI over documents, n, documents and
 seconds per token of the inversion (the fit apart). Speed figures in docs/defenses.md come from here.
 """
@@ -17,7 +20,7 @@ import time
 
 import torch
 
-from attacks.defended import as_public, attacker_view, defend_taps, resent_taps, victim_model
+from attacks.defended import as_public, attacker_view, defend_taps, resent_taps, show_traffic, victim_model
 from attacks.evaluate import prior_from_taps, score
 from attacks.recipes.vocab_match import scoring_subset
 from attacks.registry import make_attack
@@ -32,10 +35,11 @@ NO_PROPOSER = ("relaxed-inversion",)
 
 def run(args: dict) -> list[dict]:
     depths, scored = [int(a) for a in args["depths"]], int(args.get("scored", 32))
+    traffic = int(args.get("traffic", 10000))
     loaded = load_model(args.get("model", "default"))
     cfg = {"corpora": args.get("corpora", ["prose", "chat"]), "max_length": 64}
     train, _ = split_taps(loaded, cfg, depths, "train", 2000)
-    test, rows = split_taps(loaded, cfg, depths, "test", 300)
+    test, rows = split_taps(loaded, cfg, depths, "test", int(args.get("test_tokens", 300)))
     out = []
     for a in depths:
         for spec in args["specs"]:
@@ -44,15 +48,17 @@ def run(args: dict) -> list[dict]:
                 pipe = DefensePipeline.parse(spec, {"noise.clip": median_clip(train[a])})
             victim = test[a]
             if pipe.model_items:  # private local layers: the victim's own head states
-                got, _ = split_taps(victim_model(loaded, pipe, a), cfg, [a], "test", 300)
+                got, _ = split_taps(victim_model(loaded, pipe, a), cfg, [a], "test", int(args.get("test_tokens", 300)))
                 victim = as_public(got[a], loaded)
-            clean = scoring_subset(victim, rows[a], scored, 0)
+            clean = scoring_subset(victim, rows[a], scored, 0, int(args.get("sequences", 4)))
             target, own = defend_taps(clean, pipe), defend_taps(train[a], attacker_view(pipe))
             for recipe, opts in args["attacks"]:
                 hp = {**({} if recipe in NO_PROPOSER else BASE), **opts}
                 atk = make_attack(recipe, model=loaded, seed=0, defense=format_items(pipe.items, public=True), **hp)
                 t0 = time.perf_counter()
                 atk.fit(own)
+                if hasattr(atk, "observe_traffic"):  # the deployment's other sessions: the whole test split's states
+                    show_traffic(atk, lambda: defend_taps(split_taps(loaded, cfg, [a], "test", traffic)[0][a], pipe))
                 fit_s = time.perf_counter() - t0
                 for r in (args.get("repeats", [1]) if hasattr(atk, "invert_sessions") else [None]):
                     t0 = time.perf_counter()
@@ -72,5 +78,6 @@ def run(args: dict) -> list[dict]:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("attacks.recipes.vocab_match_aligned").setLevel(logging.INFO)
     torch.set_num_threads(int(json.loads(sys.argv[1]).get("threads", 1)))
     run(json.loads(sys.argv[1]))

@@ -60,7 +60,8 @@ import numpy as np
 from tqdm import tqdm
 
 from attacks.plugins import droppable
-from attacks.defended import applies, as_public, attacker_view, defend_taps, resent_taps, show_cloud, victim_model
+from attacks.defended import (applies, as_public, attacker_view, defend_taps, resent_taps, show_cloud, show_traffic,
+                              victim_model)
 from attacks.evaluate import prior_from_taps
 from attacks.registry import get_attack_class, make_attack
 from attacks.tapdata import Taps
@@ -146,11 +147,13 @@ def _threat(name: str, pipe: DefensePipeline) -> str:
 
 def _attack(loaded, name: str, opts: dict, pipe: DefensePipeline, train: Taps, target: Taps, seed: int,
             run: str, preds: dict, pairs: dict[int, Taps] | None = None, n_boot: int = 1000,
-            clean: Taps | None = None) -> list[dict]:
+            clean: Taps | None = None, traffic: Taps | None = None) -> list[dict]:
     """The attacker fitted on its own defended public-model pairs and scored on the victim's defended states of
     the cell's scored set (``target``, every attacker the same); with ``pairs`` ({k: k deployment pairs}) a
     token classifier is also fine-tuned on each k (``paired``, DESIGN.md 4). An attacker of resent text
-    (``session-average``) sees ``repeats`` fresh sessions of the same states before the defense (``clean``).
+    (``session-average``) sees ``repeats`` fresh sessions of the same states before the defense (``clean``); one
+    that learns from the deployment's traffic (``vocab-match-aligned``) sees the victim's released states of the
+    whole test pool (``traffic``, before the defense), never their tokens.
     Per-token predictions go to ``preds[f"{run}/{name}"]`` (``/k=K`` for paired)."""
     own = attacker_view(pipe)
     hp = dict(opts)
@@ -165,6 +168,8 @@ def _attack(loaded, name: str, opts: dict, pipe: DefensePipeline, train: Taps, t
     else:
         atk.fit(defend_taps(train, own))
     show_cloud(atk, loaded, pipe, int(target.meta["depth"]))  # permute: the cloud's own transformed weights
+    if traffic is not None:
+        show_traffic(atk, lambda: defend_taps(traffic, pipe))
     vocab, prior = int(loaded.config.vocab_size), prior_from_taps(train)
     t1 = time.perf_counter()
     if resent:
@@ -311,7 +316,7 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
             for n in (n for n in attackers if applies(get_attack_class(n), pipe)):  # each where it applies
                 try:
                     tried += _attack(loaded, n, options.get(n, {}), pipe, train[a], target, seed, run, preds, pairs,
-                                     n_boot, clean)
+                                     n_boot, clean, test)
                 except Exception as e:  # noqa: BLE001 - one failed attacker leaves the others' scores intact
                     why = droppable("attack", n, e)
                     if why is None:

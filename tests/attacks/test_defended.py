@@ -79,3 +79,20 @@ def test_public_positions_released_untouched():
     got = defend_taps(taps, DefensePipeline.parse("noise(sigma=0.1,clip=1.0)"))
     assert np.array_equal(got.hidden[:2], hidden[:2].astype(np.float32))
     assert (np.linalg.norm(got.hidden[2:], axis=1) < 3.0).all()
+
+
+def test_traffic_is_made_only_for_attacks_that_read_it():
+    """show_traffic hands the deployment's released states to an attack with observe_traffic; for any other it
+    does not even make them (defending a whole test pool costs time)."""
+    from attacks.defended import show_traffic
+
+    made, seen = [], []
+
+    class Reads:
+        def observe_traffic(self, released):
+            seen.append(released)
+
+    show_traffic(object(), lambda: made.append(1))
+    assert made == []
+    show_traffic(Reads(), lambda: "states")
+    assert seen == ["states"]

@@ -1,0 +1,48 @@
+"""vocab-match-aligned: permute's signed basis recovered from released states alone, without the body weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attacks.defended import applies, attacker_view, defend_taps, show_cloud, show_traffic
+from attacks.errors import AttackError
+from attacks.registry import get_attack_class, make_attack
+from splitinfer.defenses import DefensePipeline
+from tests.attacks.recipes.test_vocab_match_adaptive import taps  # noqa: F401 - the module's tap fixture
+
+
+def _fitted(tiny, taps, mode: str):  # noqa: F811
+    pipe = DefensePipeline.parse(f"permute(mode={mode},seed=3)")
+    atk = make_attack("vocab-match-aligned", model=tiny, defense=f"permute(mode={mode})", proposer_tokens=2000,
+                      random_tokens=512, beam=1).fit(defend_taps(taps, attacker_view(pipe)))  # its own basis
+    return pipe, atk
+
+
+def test_the_signed_basis_comes_from_the_traffic_without_the_weights(tiny, taps):  # noqa: F811
+    pipe, atk = _fitted(tiny, taps, "signed")
+    show_cloud(atk, tiny, pipe, 2)  # offered the transformed weights: it does not use them
+    assert atk.fit_report["cloud_weights_offered_and_ignored"]
+    show_traffic(atk, lambda: defend_taps(taps, pipe))  # every session the deployment served
+    test = defend_taps(taps.select_sequences(range(3)), pipe)
+    inv = atk.invert(test, k=1)
+    assert torch.equal(atk.basis, pipe.get("permute").matrix(tiny.hidden_size))
+    assert atk.fit_report["alignment_converged"]
+    assert float((inv.tokens == test.token_ids).mean()) == 1.0
+
+
+def test_without_traffic_and_with_a_rotation_it_says_it_did_not_converge(tiny, taps):  # noqa: F811
+    """Three short sequences cannot pin a rotation of d = 64: it must not claim an exact basis and match as if it
+    had one (every position is beam-searched instead, under the elementwise-relative likelihood)."""
+    pipe, atk = _fitted(tiny, taps, "rotation")
+    test = defend_taps(taps.select_sequences(range(3)), pipe)
+    inv = atk.invert(test, k=1)
+    assert not atk.fit_report["alignment_converged"] and inv.info["search"] == "beam"
+
+
+def test_it_runs_only_against_permute(tiny):
+    cls = get_attack_class("vocab-match-aligned")
+    assert applies(cls, DefensePipeline.parse("permute(mode=rotation)"))
+    assert not applies(cls, DefensePipeline.parse("noise(sigma=0.1,clip=3.0)"))
+    with pytest.raises(AttackError, match="made for permute"):
+        make_attack("vocab-match-aligned", model=tiny, defense="noise(sigma=0.1,clip=3.0)")
