@@ -30,7 +30,9 @@ paper's own procedure was not read, so this is our construction):
    to a signed permutation under ``mode=signed``), as long as the update fits the decoded rows better. It has
    converged when at least ``min_exact`` of the user-text rows are reproduced to wire rounding (relative residual
    under ``exact_tol``), which a wrong basis cannot do (public rows are left out of that count: they fit under any
-   basis that fits their few distinct states). Decoded tokens pin Q to wire precision,
+   basis that fits their few distinct states). The share is small where the proposer is weak, since a row is
+   reproduced only when its token and whole prefix were decoded right: 2.8% of about 18,000 user-text rows at
+   head depth 8 of the default model with the exact basis, 0.0% with a wrong one; hence 1% by default. Decoded tokens pin Q to wire precision,
    which neighbours in other contexts cannot.
 4. Then :class:`AdaptiveVocabMatch` matches on ``y Q^T`` as if it held Q. If the estimate did not converge, every
    position is beam-searched under the elementwise-relative likelihood (``match_tau``), as for private local
@@ -67,7 +69,7 @@ class AlignedVocabMatch(AdaptiveVocabMatch):
 
     applies_to = ("permute",)  # the defense it is designed to break (the stage's lists)
     defaults = {**AdaptiveVocabMatch.defaults, "reference_tokens": 20000, "traffic_tokens": 20000,
-                "neighbour_rounds": 5, "rounds": 8, "keep": 0.1, "exact_tol": 1e-2, "min_exact": 0.05}
+                "neighbour_rounds": 5, "rounds": 8, "keep": 0.1, "exact_tol": 1e-2, "min_exact": 0.01}
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
