@@ -136,7 +136,6 @@ def show_traffic(attack, released: Callable[[], Taps]) -> None:
         attack.observe_traffic(released())
 
 
-
 def resent_taps(taps: Taps, pipeline: DefensePipeline, repeats: int, session0: int = 0) -> list[Taps]:
     """The same sequences released ``repeats`` times under ``pipeline``, each time in fresh sessions (new draws)."""
     stride = max(1, len(taps))

@@ -32,8 +32,8 @@ paper's own procedure was not read, so this is our construction):
    under ``exact_tol``), which a wrong basis cannot do (public rows are left out of that count: they fit under any
    basis that fits their few distinct states). The share is small where the proposer is weak, since a row is
    reproduced only when its token and whole prefix were decoded right: 2.8% of about 18,000 user-text rows at
-   head depth 8 of the default model with the exact basis, 0.0% with a wrong one; hence 1% by default. Decoded tokens pin Q to wire precision,
-   which neighbours in other contexts cannot.
+   head depth 8 of the default model with the exact basis, 0.0% with a wrong one; hence 1% by default. Decoded
+   tokens pin Q to wire precision, which neighbours in other contexts cannot.
 4. Then :class:`AdaptiveVocabMatch` matches on ``y Q^T`` as if it held Q. If the estimate did not converge, every
    position is beam-searched under the elementwise-relative likelihood (``match_tau``), as for private local
    layers, rather than waiting for an exact match that cannot come.
