@@ -180,6 +180,8 @@ def _attack(loaded, name: str, opts: dict, pipe: DefensePipeline, train: Taps, t
     got, preds[f"{run}/{name}"] = score_on_set(inv, target, vocab=vocab, prior=prior, n_boot=n_boot, seed=seed,
                                                meta={"attack": name, "defense": pipe.label})
     fitted = {k: v for k, v in inv.info.items() if k.startswith("adapter_") and isinstance(v, (bool, int, float))}
+    if "alignment_converged" in atk.fit_report:  # vocab-match-aligned: whether it matched with an exact basis
+        fitted["alignment_converged"] = bool(atk.fit_report["alignment_converged"])
     out = [{"attack": name, "threat_model": _threat(name, pipe), **got, "seconds": time.perf_counter() - t0,
             "seconds_per_token": inv_s / max(1, target.n_tokens), **fitted,  # vocab-match-fitted
             **({"fitted_on_sessions": repeats} if resent else {})}]

@@ -46,3 +46,19 @@ def test_it_runs_only_against_permute(tiny):
     assert not applies(cls, DefensePipeline.parse("noise(sigma=0.1,clip=3.0)"))
     with pytest.raises(AttackError, match="made for permute"):
         make_attack("vocab-match-aligned", model=tiny, defense="noise(sigma=0.1,clip=3.0)")
+
+
+def test_the_defenses_stage_hands_it_the_traffic(tiny, taps):  # noqa: F811
+    """The stage's attacker call gives vocab-match-aligned the victim's released states of the whole test pool
+    (``traffic``) and records whether the alignment converged; without the traffic three sequences are too few."""
+    from benchmarks.stage_defenses import _attack
+
+    pipe = DefensePipeline.parse("permute(mode=signed,seed=3)")
+    clean = taps.select_sequences(range(3))
+    opts = {"proposer_tokens": 2000, "random_tokens": 512, "beam": 1}
+    rows = _attack(tiny, "vocab-match-aligned", opts, pipe, taps, defend_taps(clean, pipe), 0, "r", {}, n_boot=50,
+                   clean=clean, traffic=taps)
+    assert rows[0]["alignment_converged"] and rows[0]["metrics"]["token_acc_top1"]["value"] == 1.0
+    alone = _attack(tiny, "vocab-match-aligned", opts, pipe, taps, defend_taps(clean, pipe), 0, "r", {}, n_boot=50,
+                    clean=clean)
+    assert not alone[0]["alignment_converged"]
