@@ -5,9 +5,9 @@ The victim releases ``y = h Q`` (``permute``: Q a signed permutation or a rotati
 the transformed body weights still has three things: the public model's own states ``P`` of public text (their
 statistics: ``E[y^T y] = Q^T E[h^T h] Q``), the states of public positions it can compute exactly (a chat
 template's leading tokens, an added BOS: ``y_k = a_k Q`` with ``a_k`` known, "anchors"), and, once a first
-estimate decodes some of the text, the public states of its own guesses (self-training Procrustes: the
-refinement step of unsupervised embedding alignment, Conneau et al., "Word Translation Without Parallel Data",
-arXiv 1710.04087, with decoded tokens where that paper uses mutual nearest neighbours).
+estimate decodes some of the text, the public states of its own guesses. Between the first estimate and the
+decoded text sits Procrustes on mutual nearest neighbours, the refinement step of unsupervised embedding
+alignment (Conneau et al., "Word Translation Without Parallel Data", arXiv 1710.04087).
 
 Every function works on (rows, d) float64 tensors; states are row vectors, so ``y ~ h @ Q``.
 """
@@ -85,7 +85,7 @@ def eigen_init(public: torch.Tensor, observed: torch.Tensor, anchors_pub: torch.
     """
     eig = []
     for x in (public, observed):
-        vals, vecs = torch.linalg.eigh(x.T @ x / len(x))  # ascending
+        _, vecs = torch.linalg.eigh(x.T @ x / len(x))  # ascending eigenvalues
         eig.append(vecs.flip(1))  # (d, d) columns by descending eigenvalue
     u, v = eig
     pub = public.mean(0, keepdim=True)

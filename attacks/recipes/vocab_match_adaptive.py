@@ -65,6 +65,7 @@ from tqdm import tqdm
 from attacks.base import Inversion
 from attacks.defended import wire_dtype_of
 from attacks.errors import AttackError
+from attacks.recipes._align import procrustes
 from attacks.recipes._match_beam import BeamCache, beam_match
 from attacks.recipes.vocab_match import VocabMatch, match_distance
 from attacks.registry import register_attack
@@ -117,8 +118,7 @@ class AdaptiveVocabMatch(VocabMatch):
                  (("input_layernorm", READERS[:3]), ("post_attention_layernorm", READERS[3:])) for name in names}
         w = torch.cat([public.get_submodule(n).weight.double() * gains[n][None] for n in READERS])  # (N, d)
         wq = torch.cat([layer.get_submodule(n).weight.double() for n in READERS])  # (N, d)
-        u, _, vh = torch.linalg.svd(w.T @ wq)  # (d, d)
-        self.basis = u @ vh
+        self.basis = procrustes(w, wq)  # (d, d)
         self.fit_report["basis_residual"] = float((w @ self.basis - wq).norm() / wq.norm())
 
     @torch.no_grad()
