@@ -71,6 +71,13 @@ def cmd_run(args) -> int:
     from benchmarks.suite import load_suite
 
     suite = load_suite(args.suite)
+    if args.device is not None:  # e.g. the full suite on a GPU machine without editing its .toml
+        from dataclasses import replace
+
+        from splitinfer.server_config import check_device
+
+        check_device(args.device)
+        suite = replace(suite, device=args.device)
     shard = Shard.parse(args.shard) if args.shard else Shard()
     out = args.out or (f"reports/{suite.name}" if shard.whole else f"reports/{suite.name}/shard-{shard.index}")
     path = run_suite(suite, out, stages=[s for s in args.stages.split(",") if s] if args.stages else None,
@@ -202,6 +209,9 @@ def register(sub) -> None:
     r.add_argument("--shard", default=None, metavar="I/N",
                    help="run every N-th grid cell (job) of the attacks and defenses stages, starting at I; the other "
                         "stages run in shard 0 only; join the shards with bench merge (default: the whole run)")
+    r.add_argument("--device", default=None,
+                   help="cpu | cuda | cuda:N: run the suite there instead of its own device (recorded in results; "
+                        "shards of one run must share it: bench merge refuses a mix)")
     r.set_defaults(func=cmd_run)
     register_merge(bsub)
     register_baseline(bsub)

@@ -105,7 +105,8 @@ def clean_logits(loaded: Any, seqs: list[list[int]], cache: dict) -> list[torch.
     """The undefended model's logits of every sequence, (T, V) each (kept in ``cache`` across cells)."""
     key = ("clean", tuple(map(tuple, seqs)))
     if key not in cache:
-        cache[key] = [loaded.model(torch.tensor([s])).logits[0].float() for s in seqs]
+        dev = next(loaded.model.parameters()).device
+        cache[key] = [loaded.model(torch.tensor([s], device=dev)).logits[0].float() for s in seqs]
     return cache[key]
 
 
@@ -121,7 +122,7 @@ def teacher_forced(loaded: Any, sm: SplitModel, seqs: list[list[int]], cache: di
             logits, _ = sm.forward_step(sm.head.new_cache(), sm.tail.new_cache(), seq, list(range(len(seq))))
         finally:
             sm.remote.close()
-        nxt = torch.tensor(seq[1:])
+        nxt = torch.tensor(seq[1:], device=logits.device)
         agree[i] = int((logits[:-1].argmax(-1) == clean[i][:-1].argmax(-1)).sum())
         nll_d[i] = float(torch.nn.functional.cross_entropy(logits[:-1].float(), nxt, reduction="sum"))
         nll_c[i] = float(torch.nn.functional.cross_entropy(clean[i][:-1], nxt, reduction="sum"))
@@ -136,9 +137,10 @@ def teacher_forced(loaded: Any, sm: SplitModel, seqs: list[list[int]], cache: di
 @torch.no_grad()
 def _answer_nll(loaded: Any, prompt_ids: list[int], answer: list[int]) -> float:
     """Summed NLL of ``answer`` after ``prompt_ids`` under the undefended model."""
-    ids = torch.tensor([prompt_ids + answer])
+    dev = next(loaded.model.parameters()).device
+    ids = torch.tensor([prompt_ids + answer], device=dev)
     logits = loaded.model(ids).logits[0, len(prompt_ids) - 1: -1].float()  # (len(answer), V)
-    return float(torch.nn.functional.cross_entropy(logits, torch.tensor(answer), reduction="sum"))
+    return float(torch.nn.functional.cross_entropy(logits, torch.tensor(answer, device=dev), reduction="sum"))
 
 
 def greedy(loaded: Any, sm: SplitModel, reference: SplitModel, prompts: list[str], tokens: int, cache: dict,

@@ -116,8 +116,9 @@ class AdaptiveVocabMatch(VocabMatch):
         public = self._need_model().model.model.layers[depth]
         gains = {name: public.get_submodule(norm).weight.double() for norm, names in
                  (("input_layernorm", READERS[:3]), ("post_attention_layernorm", READERS[3:])) for name in names}
-        w = torch.cat([public.get_submodule(n).weight.double() * gains[n][None] for n in READERS])  # (N, d)
-        wq = torch.cat([layer.get_submodule(n).weight.double() for n in READERS])  # (N, d)
+        # on the CPU: the basis turns back numpy states (_observed) and stays bit-identical to a CPU run
+        w = torch.cat([public.get_submodule(n).weight.double() * gains[n][None] for n in READERS]).cpu()  # (N, d)
+        wq = torch.cat([layer.get_submodule(n).weight.double() for n in READERS]).cpu()  # (N, d)
         self.basis = procrustes(w, wq)  # (d, d)
         self.fit_report["basis_residual"] = float((w @ self.basis - wq).norm() / wq.norm())
 
@@ -126,11 +127,13 @@ class AdaptiveVocabMatch(VocabMatch):
         """The public model's own head states of the taps' token sequences (the attacker recomputes them)."""
         from attacks.taps import TruncatedForward
 
-        stack = TruncatedForward(self._need_model().model, int(taps.meta.get("depth") or 0)).eval()
+        model = self._need_model().model
+        stack = TruncatedForward(model, int(taps.meta.get("depth") or 0)).eval()
+        device = next(model.parameters()).device
         out = np.empty(taps.hidden.shape, dtype=np.float32)
         for _, rows in taps.sequences():
-            ids = torch.from_numpy(np.asarray(taps.token_ids[rows], dtype=np.int64))[None]  # (1, T)
-            out[rows] = stack(ids)[0].float().numpy()
+            ids = torch.from_numpy(np.asarray(taps.token_ids[rows], dtype=np.int64))[None].to(device)  # (1, T)
+            out[rows] = stack(ids)[0].float().cpu().numpy()
         return Taps(out, taps.token_ids, taps.seq_lengths, taps.seq_doc, taps.documents, taps.offsets, taps.meta)
 
     def _fit(self, train: Taps, val: Taps | None, trainer: Any) -> None:

@@ -82,7 +82,8 @@ class Denoise(Defense):
         y0 = back - delta
         if self.mode == "subtract":
             return y0
-        t, _ = load_profile(self.profile, "denoise")
+        t, _ = load_profile(self.profile, "denoise")  # on the CPU: moved beside the reply
+        t = {k: v.to(back.device) for k, v in t.items()}
         if t["w2"].shape[0] != back.shape[-1]:
             raise DefenseError(f"denoise: profile {self.profile} was trained at width {t['w2'].shape[0]}, the "
                                f"states have {back.shape[-1]}; train it on this model")
@@ -95,9 +96,10 @@ def denoiser_pairs(model: torch.nn.Module, depth: int, body_end: int, noise: Def
     """{y0, delta, clean}: (N, d) each, the body's output under ``noise`` minus the perturbation, the
     perturbation, and the undefended body output, over every position of ``seqs`` (public weights)."""
     out: dict[str, list] = {"y0": [], "delta": [], "clean": []}
+    device = next(model.parameters()).device
     with torch.no_grad():
         for i, seq in enumerate(tqdm(seqs, desc="denoiser pairs", unit="seq", leave=False)):
-            ids = torch.tensor([list(seq)])
+            ids = torch.tensor([list(seq)], device=device)
             _, clean = boundary(model, ids, reads=(body_end,))
             sent: list[torch.Tensor] = []
 
@@ -124,6 +126,7 @@ def train_denoiser(pairs: dict[str, torch.Tensor], meta: dict, hidden: int = 256
     s_d = delta.pow(2).mean().sqrt().clamp_min(1e-6)
     t = {"w1": torch.randn(hidden, 2 * d) / (2 * d) ** 0.5, "b1": torch.zeros(hidden),
          "w2": torch.zeros(d, hidden), "b2": torch.zeros(d)}
+    t = {k: v.to(y0.device) for k, v in t.items()}  # drawn on the CPU (the same init), trained beside the pairs
     for v in t.values():
         v.requires_grad_(True)
     opt = torch.optim.Adam(list(t.values()), lr=lr)

@@ -56,10 +56,11 @@ def state_digest(module: torch.nn.Module) -> str:
 class Adversary(torch.nn.Module):
     """The training-time inverter: a linear token classifier on RMS-normalised states, trained online."""
 
-    def __init__(self, d: int, vocab: int, weight: float, lr: float = 1e-3, seed: int = 0):
+    def __init__(self, d: int, vocab: int, weight: float, lr: float = 1e-3, seed: int = 0,
+                 device: torch.device | str = "cpu"):
         super().__init__()
         torch.manual_seed(seed)
-        self.linear = torch.nn.Linear(d, vocab)
+        self.linear = torch.nn.Linear(d, vocab).to(device)  # initialised on the CPU (the same draws), then moved
         self.weight, self.cap = weight, math.log(vocab)
         self.opt = torch.optim.Adam(self.parameters(), lr=lr)
         self.last_ce = float("nan")
@@ -83,7 +84,8 @@ class Adversary(torch.nn.Module):
 def train_adversarial_adapter(loaded, depth: int, texts: Sequence[str], out: str | Path, *, rank: int = 8,
                               steps: int = 100, weight: float = 0.1, seed: int = 0, **kw) -> Path:
     """Train a ``lora-adv`` adapter (see the module docstring) into ``out``; the adversary is dropped after."""
-    adversary = Adversary(int(loaded.hidden_size), int(loaded.config.vocab_size), weight, seed=seed + 7919)
+    adversary = Adversary(int(loaded.hidden_size), int(loaded.config.vocab_size), weight, seed=seed + 7919,
+                          device=next(loaded.model.parameters()).device)  # beside the head states it reads
     for p in adversary.parameters():
         p.requires_grad_(True)
     path = train_adapter(loaded, depth, texts, out, rank=rank, steps=steps, seed=seed, regulariser=adversary,

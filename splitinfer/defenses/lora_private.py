@@ -72,10 +72,11 @@ def train_adapter(loaded, depth: int, texts: Sequence[str], out: str | Path, *, 
     student = with_head_layers(loaded.model, list(holder.layers))
     params = [p for p in holder.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)  # batches drawn on the CPU, then moved: the same on every device
+    device = next(loaded.model.parameters()).device
     last = float("nan")
     for step in range(steps):
-        x = data[torch.randint(0, len(data), (min(batch, len(data)),), generator=gen)]  # (B, seq_len)
+        x = data[torch.randint(0, len(data), (min(batch, len(data)),), generator=gen)].to(device)  # (B, seq_len)
         with torch.no_grad():
             teacher = torch.log_softmax(loaded.model(x).logits.float(), -1)  # (B, seq_len, V)
         logits, states = boundary(student, x, reads=(depth,) if regulariser else ())
@@ -92,7 +93,7 @@ def train_adapter(loaded, depth: int, texts: Sequence[str], out: str | Path, *, 
             log.info("lora-private step %d: loss %.4f (kl %.4f)", step, last, float(kl.detach()))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    save_file({n: p.detach().contiguous() for n, p in holder.named_parameters() if "lora_" in n},
+    save_file({n: p.detach().cpu().contiguous() for n, p in holder.named_parameters() if "lora_" in n},
               str(out / "adapter.safetensors"))
     meta = {"rank": rank, "steps": steps, "depth": depth, "lr": lr, "lm_weight": lm_weight, "seed": seed,
             "base_sha256": loaded.sha256, "layer_sha256": [layer_digest(x) for x in loaded.model.model.layers[:depth]],

@@ -73,6 +73,7 @@ def fold_and_rotate(layer: torch.nn.Module, q: torch.Tensor) -> torch.nn.Module:
                            f"{type(layer).__name__} {'lacks ' + ', '.join(missing) if missing else 'has ' + ', '.join(extra)}"
                            "; use another defense for this model")
     out = copy.deepcopy(layer)
+    q = q.to(next(out.parameters()).device)  # Q is drawn on the CPU; the layer may live on an accelerator
     with torch.no_grad():
         for norm_name, readers in _NORM_FEEDS:
             norm = out.get_submodule(norm_name)

@@ -39,7 +39,8 @@ __all__ = ["ShapedNoise", "fisher_diag", "fisher_scale"]
 def fisher_diag(model: torch.nn.Module, depth: int, seqs: Sequence[Sequence[int]], seed: int = 0) -> torch.Tensor:
     """(d,) diagonal Fisher of the model's own next-token distribution w.r.t. the states after ``depth`` layers
     (positions >= 1; one sampled label per position)."""
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)  # labels drawn on the CPU: the same draws on every device
+    device = next(model.parameters()).device
     total, n = None, 0
     with frozen(model):
         for seq in tqdm(seqs, desc="fisher", unit="seq", leave=False):
@@ -49,9 +50,9 @@ def fisher_diag(model: torch.nn.Module, depth: int, seqs: Sequence[Sequence[int]
                 leaf.append(h.detach().float().requires_grad_(True))
                 return leaf[0].to(h.dtype)
 
-            logits, _ = boundary(model, torch.tensor([list(seq)]), {depth: edit})  # (1, T, V)
+            logits, _ = boundary(model, torch.tensor([list(seq)], device=device), {depth: edit})  # (1, T, V)
             logp = torch.log_softmax(logits[0].float(), -1)  # (T, V)
-            y = torch.multinomial(logp.detach().exp(), 1, generator=gen)  # (T, 1)
+            y = torch.multinomial(logp.detach().exp().cpu(), 1, generator=gen).to(logp.device)  # (T, 1)
             logp.gather(1, y).sum().backward()
             g = leaf[0].grad[0, 1:]  # (T-1, d)
             total = g.pow(2).sum(0) if total is None else total + g.pow(2).sum(0)

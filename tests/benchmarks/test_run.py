@@ -1,6 +1,7 @@
 import json
 
 import pytest
+import torch
 
 from benchmarks import schema
 from benchmarks.run import budget_line, run_suite
@@ -68,3 +69,17 @@ def test_bench_report_into_a_new_directory(tmp_path, capsys):
     results = Path(__file__).resolve().parents[2] / "reports" / "baseline" / "ci.json"
     assert main(["bench", "report", "--results", str(results), "--out", str(tmp_path / "new" / "dir")]) == 0
     assert (tmp_path / "new" / "dir" / "report.md").is_file()
+
+
+def test_bench_run_device_overrides_the_suite_and_refuses_a_missing_gpu(tmp_path, capsys):
+    from splitinfer.cli import main
+
+    path = tmp_path / "mini.toml"
+    path.write_text(SUITE)
+    out = tmp_path / "out"
+    assert main(["bench", "run", "--suite", str(path), "--stages", "rtt_model", "--device", "cpu",
+                 "--out", str(out)]) == 0
+    assert schema.load(out / "results.json")["config"]["device"] == "cpu"
+    if not torch.cuda.is_available():  # a missing GPU is a one-line error before any work, nothing written
+        assert main(["bench", "run", "--suite", str(path), "--device", "cuda", "--out", str(tmp_path / "g")]) == 2
+        assert "CUDA is not available here" in capsys.readouterr().err and not (tmp_path / "g").exists()

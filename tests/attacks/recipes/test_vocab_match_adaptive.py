@@ -15,6 +15,7 @@ from attacks.registry import make_attack
 from attacks.taps import extract_depths
 from splitinfer.defenses import DefensePipeline
 from tests.attacks.recipes.test_vocab_match import TEXTS
+from tests.devices import DEVICES, on_device
 
 
 @pytest.fixture(scope="module")
@@ -214,3 +215,18 @@ def test_the_whitened_noise_estimate_leaves_untouched_public_rows_out(tiny, taps
 
     n_public = sum(int(public_mask(train, i, rows).sum()) for i, rows in train.sequences())
     assert n_public > 0 and atk.fit_report["residuals"] == train.n_tokens - n_public
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_permute_basis_and_the_public_view_on_the_models_device(tiny, taps, device):
+    loaded = on_device(tiny, device)
+    pipe = DefensePipeline.parse("permute(mode=rotation,seed=3)")
+    atk = make_attack("vocab-match-adaptive", model=loaded, defense="permute(mode=rotation)", proposer_tokens=500,
+                      random_tokens=64)
+    view = atk._public_view(taps.select_sequences(range(2)))  # the attacker recomputes the public states
+    assert view.hidden.dtype.name == "float32"
+    assert torch.allclose(torch.from_numpy(view.hidden), torch.from_numpy(taps.select_sequences(range(2)).hidden)
+                          .float(), atol=2e-2)  # the taps are fp16-rounded
+    show_cloud(atk, loaded, pipe, 2)
+    assert atk.basis.device.type == "cpu" and atk.fit_report["basis_residual"] < 1e-6
+    assert torch.allclose(atk.basis, pipe.get("permute").matrix(tiny.hidden_size), atol=1e-6)

@@ -7,6 +7,7 @@ from splitinfer.client import SplitModel
 from splitinfer.defenses import DefenseError, DefensePipeline
 from splitinfer.defenses.denoise import denoiser_pairs, train_denoiser
 from splitinfer.defenses.pclip import save_clips
+from tests.devices import DEVICES, on_device
 
 
 @pytest.fixture(autouse=True)
@@ -68,3 +69,20 @@ def test_denoiser_needs_noise_and_a_profile():
     pipe.transform_up(torch.ones(1, 2, 4), [0, 1], 0)
     with pytest.raises(DefenseError, match="calibrate one on public text"):
         pipe.restore_down(torch.ones(1, 2, 4))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_denoiser_trains_and_runs_on_the_models_device(tiny, device):
+    loaded = on_device(tiny, device)
+    key = save_clips(torch.full((2,), 8.0), 50.0, {"test": f"device-{device}"})
+    noise = f"pclip(sigma=0.1,percentile=50.0,profile={key})"
+    pairs = denoiser_pairs(loaded.model, 2, 4, DefensePipeline.parse(noise), _seqs(4, 1))
+    dkey, _ = train_denoiser(pairs, {"test": device}, hidden=16, epochs=10)
+    sm = SplitModel(loaded, "2,2", defense=DefensePipeline.parse(noise + f"+denoise(profile={dkey})"))
+    seq = _seqs(1, 3)[0]
+    sm.remote.open()
+    try:
+        logits, _ = sm.forward_step(sm.head.new_cache(), sm.tail.new_cache(), seq, list(range(len(seq))))
+    finally:
+        sm.remote.close()
+    assert logits.device.type == device and bool(torch.isfinite(logits).all())

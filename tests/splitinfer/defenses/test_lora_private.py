@@ -8,6 +8,7 @@ import torch
 from splitinfer.client import SplitModel
 from splitinfer.defenses import DefenseError, DefensePipeline
 from splitinfer.defenses.lora_private import train_adapter
+from tests.devices import DEVICES, on_device
 
 TEXT = ["Dear Ann, the clinic moved your appointment to Tuesday at 10:30; call 555-0199 to confirm. " * 6]
 
@@ -65,3 +66,17 @@ def test_an_adapter_is_refused_on_other_base_weights(tiny, adapter, tmp_path):
     (old / "adapter.json").write_text(json.dumps(meta))
     with pytest.raises(DefenseError, match="does not record the base layers"):
         SplitModel(tiny, "2,1", defense=f"lora-private(adapter={old},rank=4,steps=25)")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_adapter_trains_on_the_models_device_and_applies_there(tiny, tmp_path, device):
+    loaded = on_device(tiny, device)
+    out = train_adapter(loaded, 2, TEXT, tmp_path / "a", rank=2, steps=2, seq_len=16)
+    sm = SplitModel(loaded, "2,2", defense=DefensePipeline.parse(f"lora-private(adapter={out},rank=2,steps=2)"))
+    ids = tiny.tokenizer(TEXT[0], add_special_tokens=False)["input_ids"][:12]
+    sm.remote.open()
+    try:
+        logits, _ = sm.forward_step(sm.head.new_cache(), sm.tail.new_cache(), ids, list(range(len(ids))))
+    finally:
+        sm.remote.close()
+    assert logits.device.type == device and bool(torch.isfinite(logits).all())

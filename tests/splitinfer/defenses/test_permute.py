@@ -11,6 +11,7 @@ from splitinfer.partition import CloudBody, SplitConfig
 from splitinfer.session import BodyService
 from tests.splitinfer.decoding.exact import check_same
 from tests.splitinfer.defenses.test_wire import PROMPT, _Recorder
+from tests.devices import DEVICES, on_device
 
 
 @pytest.mark.parametrize("mode", ["signed", "rotation"])
@@ -57,3 +58,14 @@ def test_bad_mode_unsupported_layers_and_a_served_body_are_one_line_errors(tiny)
         fold_and_rotate(torch.nn.Linear(4, 4), basis("signed", 0, 4))
     with pytest.raises(DefenseError, match="cannot ship them yet"):
         SplitModel(tiny, "2,1", cloud="ws://127.0.0.1:9", defense="permute")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_transformed_body_on_the_models_device(tiny, device):
+    loaded = on_device(tiny, device)
+    layer = loaded.model.model.layers[2]
+    q = basis("rotation", 2, tiny.hidden_size)  # drawn on the CPU
+    out = fold_and_rotate(layer, q)
+    assert next(out.parameters()).device == next(layer.parameters()).device
+    want = (q.T @ tiny.model.model.layers[2].mlp.down_proj.weight.double()).float()  # the CPU fold
+    assert torch.allclose(out.mlp.down_proj.weight.cpu(), want, atol=1e-5)

@@ -8,6 +8,7 @@ import torch
 from splitinfer.defenses import DefensePipeline
 from splitinfer.defenses.pclip import save_clips
 from splitinfer.defenses.shaped_noise import ShapedNoise, fisher_diag, fisher_scale
+from tests.devices import DEVICES, on_device
 
 
 @pytest.fixture(autouse=True)
@@ -64,3 +65,13 @@ def test_fisher_finds_the_dimensions_the_tail_never_reads(tiny):
     w = fisher_scale(fisher, cap=10.0)
     assert float(w[dead].min()) > float(w[8:].max())
     assert [p.requires_grad for p in model.parameters()] == before  # fisher_diag restored them
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fisher_runs_on_the_models_device_with_the_cpu_draws(tiny, device):
+    g = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(3, 200, (12,), generator=g).tolist() for _ in range(2)]
+    fisher = fisher_diag(on_device(tiny, device).model, 2, seqs, seed=4)
+    assert fisher.shape == (tiny.hidden_size,) and bool(torch.isfinite(fisher).all()) and bool((fisher >= 0).all())
+    if device == "cpu":  # the labels come from a CPU generator: the same draws as before, bit for bit
+        assert torch.equal(fisher, fisher_diag(tiny.model, 2, seqs, seed=4))
