@@ -117,11 +117,7 @@ def teacher_forced(loaded: Any, sm: SplitModel, seqs: list[list[int]], cache: di
     clean = clean_logits(loaded, seqs, cache)
     agree, nll_d, nll_c, count = (np.zeros(len(seqs)) for _ in range(4))
     for i, seq in enumerate(seqs):
-        sm.remote.open()
-        try:
-            logits, _ = sm.forward_step(sm.head.new_cache(), sm.tail.new_cache(), seq, list(range(len(seq))))
-        finally:
-            sm.remote.close()
+        logits = sm.sequence_logits(seq)  # (T, V)
         nxt = torch.tensor(seq[1:], device=logits.device)
         agree[i] = int((logits[:-1].argmax(-1) == clean[i][:-1].argmax(-1)).sum())
         nll_d[i] = float(torch.nn.functional.cross_entropy(logits[:-1].float(), nxt, reduction="sum"))

@@ -242,6 +242,16 @@ class SplitModel:
             return logits, timing, (hidden[0], back[0], final[0])
         return logits, timing
 
+    def sequence_logits(self, tokens: list[int]) -> torch.Tensor:
+        """(T, V) fp32 logits of the whole of ``tokens``, teacher-forced in one round trip of a fresh session."""
+        self.remote.open()
+        try:
+            logits, _ = self.forward_step(self.head.new_cache(), self.tail.new_cache(), tokens,
+                                          list(range(len(tokens))))
+        finally:
+            self.remote.close()
+        return logits
+
     # ------------------------------------------------------------------ generation
     def stream(
         self,

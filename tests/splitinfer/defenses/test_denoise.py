@@ -27,11 +27,7 @@ def _agreement(tiny, spec, seqs):
     for seq in seqs:
         with torch.no_grad():
             clean = tiny.model(torch.tensor([seq])).logits[0]
-        sm.remote.open()
-        try:
-            logits, _ = sm.forward_step(sm.head.new_cache(), sm.tail.new_cache(), seq, list(range(len(seq))))
-        finally:
-            sm.remote.close()
+        logits = sm.sequence_logits(seq)
         agree += int((logits.argmax(-1) == clean.argmax(-1)).sum())
         n += len(seq)
     return agree / n
@@ -79,10 +75,5 @@ def test_the_denoiser_trains_and_runs_on_the_models_device(tiny, device):
     pairs = denoiser_pairs(loaded.model, 2, 4, DefensePipeline.parse(noise), _seqs(4, 1))
     dkey, _ = train_denoiser(pairs, {"test": device}, hidden=16, epochs=10)
     sm = SplitModel(loaded, "2,2", defense=DefensePipeline.parse(noise + f"+denoise(profile={dkey})"))
-    seq = _seqs(1, 3)[0]
-    sm.remote.open()
-    try:
-        logits, _ = sm.forward_step(sm.head.new_cache(), sm.tail.new_cache(), seq, list(range(len(seq))))
-    finally:
-        sm.remote.close()
+    logits = sm.sequence_logits(_seqs(1, 3)[0])
     assert logits.device.type == device and bool(torch.isfinite(logits).all())

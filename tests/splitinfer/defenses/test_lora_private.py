@@ -33,9 +33,7 @@ def test_adapter_files_and_private_split(tiny, adapter):
         m = SplitModel(tiny, "2,1", defense=d)
         h = m.head(torch.tensor([ids]), torch.arange(len(ids)), m.head.new_cache())
         moved[name] = float((h - h0).norm() / h0.norm())
-        m.remote.open()
-        logits = m.forward_step(m.head.new_cache(), m.tail.new_cache(), ids, list(range(len(ids))))[0]
-        m.remote.close()
+        logits = m.sequence_logits(ids)
         kl[name] = float(torch.nn.functional.kl_div(torch.log_softmax(logits, -1), teacher, log_target=True,
                                                     reduction="batchmean"))
     assert moved["private"] > 1e-3  # the states the cloud sees moved
@@ -74,9 +72,5 @@ def test_an_adapter_trains_on_the_models_device_and_applies_there(tiny, tmp_path
     out = train_adapter(loaded, 2, TEXT, tmp_path / "a", rank=2, steps=2, seq_len=16)
     sm = SplitModel(loaded, "2,2", defense=DefensePipeline.parse(f"lora-private(adapter={out},rank=2,steps=2)"))
     ids = tiny.tokenizer(TEXT[0], add_special_tokens=False)["input_ids"][:12]
-    sm.remote.open()
-    try:
-        logits, _ = sm.forward_step(sm.head.new_cache(), sm.tail.new_cache(), ids, list(range(len(ids))))
-    finally:
-        sm.remote.close()
+    logits = sm.sequence_logits(ids)
     assert logits.device.type == device and bool(torch.isfinite(logits).all())
