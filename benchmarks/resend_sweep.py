@@ -41,12 +41,14 @@ from attacks.registry import make_attack
 from benchmarks.bench_output import document, write_dir
 from benchmarks.defenses_calibrate import calibrate
 from benchmarks.grid_cell import paired_gap, score_on_set
+from benchmarks.resend_merge import merge_dirs
 from benchmarks.schema import add_metric, metric
 from benchmarks.scored_set import ScoredSetConfig, set_size, take
 from benchmarks.stage_defenses import grid_data, spec_pipeline
 from splitinfer.defenses import DefensePipeline, check_specs
 from splitinfer.defenses.base import DefenseError, format_items
 from splitinfer.errors import SplitInferError
+from splitinfer.server_config import check_device
 
 ATTACK = "session-average"
 THREAT = "white-box (exact), adaptive, text resent in r sessions"
@@ -116,7 +118,7 @@ def report(data: dict) -> str:
              "instead of the session stop that?", "",
              f"Model `{data['model']}`; the `{data['suite']}` suite's corpora and common scored set ({n['tokens']} "
              f"user-text tokens from {n['documents']} held-out documents per cell; intervals over documents); "
-             f"commit {data['git']}. Attacker `{ATTACK}` ({THREAT}): the Mahalanobis matcher on the mean of the r "
+             f"commit {data['git']}, device {data.get('device', 'cpu')}. Attacker `{ATTACK}` ({THREAT}): the Mahalanobis matcher on the mean of the r "
              "linked sessions' states, likelihood r times the single session's; r = 1 is one session. Gain: "
              "top-1 at r minus top-1 at r = 1, paired bootstrap over documents (* when its interval excludes 0). "
              "sigma is in units of the clip; effective sigma = sigma / sqrt(r) for fresh draws per session.", "",
@@ -130,8 +132,17 @@ def report(data: dict) -> str:
                      f"{r['r']} | {r['effective_sigma']:.4g} | {_pct(r['top1'])} | {gain} | "
                      f"{r['seconds_per_token']:.3f} |")
     lines += ["", "![recovery against sessions](recovery_vs_sessions.png)", "",
-              f"Wall time {data['wall_s']:.0f} s. Per-token predictions of every row in `predictions/`.", ""]
+              f"Wall time {data['wall_s']:.0f} s{_parts(data)}. Per-token predictions of every row in `predictions/`.", ""]
     return "\n".join(lines)
+
+
+def _parts(data: dict) -> str:
+    """How a joined sweep's wall time was spent (``--merge``): the parts it sums."""
+    parts = data.get("merged_from")
+    if not parts:
+        return ""
+    return (f" (the sum of {len(parts)} sweeps joined with --merge: "
+            + ", ".join(f"{Path(m['dir']).name} {m['wall_s']:.0f} s" for m in parts) + ")")
 
 
 def plot(rows: list[dict], path: Path) -> Path | None:
@@ -196,8 +207,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--depths", default="2", help="head depths, comma-separated (default 2)")
     p.add_argument("--repeats", default="1,2,4,8,16", help="sessions r, comma-separated (default 1,2,4,8,16)")
     p.add_argument("--out", help="directory for report.md, results.json, the plot and predictions/; required to run")
+    p.add_argument("--device", help="run the model and attackers here (cpu, cuda, cuda:N; default the suite's)")
     p.add_argument("--replot", metavar="DIR", help="only redraw DIR's plot from its results.json, then stop")
+    p.add_argument("--merge", nargs="+", metavar="DIR",
+                   help="join sweeps of the same run, one spec each, into --out (benchmarks/resend_merge.py), then stop")
     args = p.parse_args(argv)
+    if args.merge:
+        if not args.out:
+            p.error("--merge needs --out, the directory the joined sweep is written to")
+        try:
+            return merge_dirs(args.merge, args.out)
+        except SplitInferError as e:
+            p.error(str(e))
     if args.replot:
         try:
             print(replot(Path(args.replot)))
@@ -214,12 +235,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give at least one depth, and repeats that start at 1 (the single session every gain is against)")
     suite = load_suite(args.suite)
     cfg = suite.stage("defenses") or {}
+    device = args.device or suite.device
     try:
+        check_device(device)
         for s in args.specs:
             _sigma(DefensePipeline.parse(s))
-        loaded = load_model(suite.model)
+        loaded = load_model(suite.model, dtype=suite.dtype, device=device, seed=suite.seed)
         check_specs(args.specs, int(loaded.hidden_size), "--specs")
-    except DefenseError as e:
+    except SplitInferError as e:
         p.error(str(e))
     if max(depths) + 2 > loaded.num_layers or min(depths) < 1:
         p.error(f"head depths must lie in 1..{loaded.num_layers - 2} for this {loaded.num_layers}-layer model")
@@ -227,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     rows, preds = run(loaded, cfg, args.specs, depths, repeats, seed=suite.seed)
     data = {"model": loaded.spec, "model_sha256": loaded.sha256, "suite": args.suite, "specs": args.specs,
-            "repeats": repeats, "git": f"{git}{' (dirty)' if dirty else ''}", "wall_s": time.perf_counter() - t0,
+            "repeats": repeats, "device": device, "git": f"{git}{' (dirty)' if dirty else ''}", "wall_s": time.perf_counter() - t0,
             "rows": rows}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from benchmarks import resend_sweep
+from tests.devices import DEVICES
 
 SUITE = """
 name = "tiny-resend"
@@ -92,3 +93,67 @@ def test_running_needs_specs_and_an_output_directory(capsys):
     with pytest.raises(SystemExit):
         resend_sweep.main(["--specs", "noise(sigma=0.1)"])
     assert "give --specs and --out" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def parts(swept, tmp_path_factory):
+    """The fixture's two specs swept one at a time, as a long sweep is run to survive a session's end."""
+    root = swept[0].parent
+    dirs = []
+    for i, spec in enumerate(["noise(sigma=0.3)", "noise(sigma=0.3,per_session=false)"]):
+        dirs.append(root / f"part-{i}")
+        assert resend_sweep.main(["--suite", str(root / "suite.toml"), "--repeats", "1,4", "--out", str(dirs[-1]),
+                                  "--specs", spec]) == 0
+    return dirs
+
+
+def test_sweeps_of_one_spec_each_merge_into_the_sweep_of_both(swept, parts, tmp_path):
+    out = tmp_path / "joined"
+    assert resend_sweep.main(["--merge", *map(str, parts), "--out", str(out)]) == 0
+    joined, whole = json.loads((out / "results.json").read_text()), swept[1]
+    assert [r["run"] for r in joined["data"]["rows"]] == [r["run"] for r in whole["data"]["rows"]]
+    assert [r["top1"] for r in joined["data"]["rows"]] == [r["top1"] for r in whole["data"]["rows"]]
+    assert joined["results"] == whole["results"]
+    assert [m["dir"] for m in joined["data"]["merged_from"]] == list(map(str, parts))
+    assert joined["git_hash"] == whole["git_hash"] and joined["data"]["device"] == "cpu"
+    assert "the sum of 2 sweeps joined with --merge" in (out / "report.md").read_text()
+    from attacks.predictions import rescore_dir
+
+    checked = rescore_dir(out)
+    assert len(checked) == 4 and all(not c["missing"] and c["metrics"] and not c["mismatches"] for c in checked)
+
+
+def test_merge_refuses_parts_of_different_runs_in_one_line(swept, parts, tmp_path, capsys):
+    other = tmp_path / "other"
+    other.mkdir()
+    doc = json.loads((parts[1] / "results.json").read_text())
+    doc["data"]["repeats"] = [1, 2]
+    (other / "results.json").write_text(json.dumps(doc))
+    cases = [([parts[0], other], "has repeats [1, 2]"), ([parts[0], swept[0]], "is in both"),
+             ([parts[0], tmp_path], "no resend-sweep results.json"), ([parts[0]], "at least two")]
+    for dirs, why in cases:
+        with pytest.raises(SystemExit):
+            resend_sweep.main(["--merge", *map(str, dirs), "--out", str(tmp_path / "x")])
+        err = capsys.readouterr().err
+        assert why in err and "Traceback" not in err
+    assert not (tmp_path / "x" / "results.json").exists()
+
+
+def test_a_missing_gpu_is_a_one_line_error_before_the_model_loads(tmp_path, capsys):
+    if __import__("torch").cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(SystemExit):
+        resend_sweep.main(["--specs", "noise(sigma=0.1)", "--device", "cuda", "--out", str(tmp_path)])
+    assert "CUDA is not available" in capsys.readouterr().err
+    assert not (tmp_path / "results.json").exists()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_sweep_runs_on_each_device(swept, device, tmp_path):
+    root = swept[0].parent
+    out = tmp_path / device
+    assert resend_sweep.main(["--suite", str(root / "suite.toml"), "--repeats", "1,4", "--out", str(out),
+                              "--device", device, "--specs", "noise(sigma=0.3)"]) == 0
+    rows = json.loads((out / "results.json").read_text())["data"]["rows"]
+    assert [r["r"] for r in rows] == [1, 4] and all(r["scored_set"]["tokens"] > 0 for r in rows)
+    assert json.loads((out / "results.json").read_text())["data"]["device"] == device
