@@ -4,9 +4,9 @@ A resend cell fitted per r takes about half an hour on two CPU cores (and a head
 so a sweep over many specs is run as several sweeps: one per spec, in turn or side by side on a machine with
 more cores or a GPU, each writing its own directory when it finishes. The parts must be one run: the same model
 (sha256), suite, repeats, device and code (the same ``code_digest``: commits that differ in reports, docs or
-tests only), and no row may appear twice; anything else is a one-line error naming the difference. The merged
-directory is what one sweep over all their specs writes (rows in the order the parts are given, the wall time
-their sum: processor time when they ran side by side; ``git_dirty`` if any part's was), plus ``merged_from``
+tests only), and no row may appear twice; anything else is a one-line error naming the difference. The
+merged directory is what one sweep over all their specs writes (rows in the order the parts are given, the wall
+time their sum: processor time when they ran side by side; ``git_dirty`` if any part's was), plus ``merged_from``
 (each part's directory, commit and wall time) and ``merged_by`` (the checkout that merged).
 """
 

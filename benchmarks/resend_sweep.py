@@ -118,7 +118,8 @@ def report(data: dict) -> str:
              "instead of the session stop that?", "",
              f"Model `{data['model']}`; the `{data['suite']}` suite's corpora and common scored set ({n['tokens']} "
              f"user-text tokens from {n['documents']} held-out documents per cell; intervals over documents); "
-             f"commit {data['git']}, device {data.get('device', 'cpu')}. Attacker `{ATTACK}` ({THREAT}): the Mahalanobis matcher on the mean of the r "
+             f"commit {data['git']}, device {data.get('device', 'cpu')}. "
+             f"Attacker `{ATTACK}` ({THREAT}): the Mahalanobis matcher on the mean of the r "
              "linked sessions' states, likelihood r times the single session's; r = 1 is one session. Gain: "
              "top-1 at r minus top-1 at r = 1, paired bootstrap over documents (* when its interval excludes 0). "
              "sigma is in units of the clip; effective sigma = sigma / sqrt(r) for fresh draws per session.", "",
@@ -132,7 +133,8 @@ def report(data: dict) -> str:
                      f"{r['r']} | {r['effective_sigma']:.4g} | {_pct(r['top1'])} | {gain} | "
                      f"{r['seconds_per_token']:.3f} |")
     lines += ["", "![recovery against sessions](recovery_vs_sessions.png)", "",
-              f"Wall time {data['wall_s']:.0f} s{_parts(data)}. Per-token predictions of every row in `predictions/`.", ""]
+              f"Wall time {data['wall_s']:.0f} s{_parts(data)}. "
+              "Per-token predictions of every row in `predictions/`.", ""]
     return "\n".join(lines)
 
 
@@ -202,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
 
     remember_git_state()  # the checkout as this command found it, before it writes anything
     p = argparse.ArgumentParser(prog="python -m benchmarks.resend_sweep", description=__doc__.splitlines()[0])
-    p.add_argument("--suite", default="literature", help="whose [defenses] corpora, sizes and scored set (default literature)")
+    p.add_argument("--suite", default="literature",
+                   help="whose [defenses] corpora, sizes and scored set (default literature)")
     p.add_argument("--specs", nargs="+", help="wire-noise specs (noise, pclip, shaped-noise); required to run")
     p.add_argument("--depths", default="2", help="head depths, comma-separated (default 2)")
     p.add_argument("--repeats", default="1,2,4,8,16", help="sessions r, comma-separated (default 1,2,4,8,16)")
@@ -210,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", help="run the model and attackers here (cpu, cuda, cuda:N; default the suite's)")
     p.add_argument("--replot", metavar="DIR", help="only redraw DIR's plot from its results.json, then stop")
     p.add_argument("--merge", nargs="+", metavar="DIR",
-                   help="join sweeps of the same run, one spec each, into --out (benchmarks/resend_merge.py), then stop")
+                   help="join sweeps of the same run, one spec each, into --out (benchmarks/resend_merge.py), "
+                        "then stop")
     args = p.parse_args(argv)
     if args.merge:
         if not args.out:
@@ -250,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     rows, preds = run(loaded, cfg, args.specs, depths, repeats, seed=suite.seed)
     data = {"model": loaded.spec, "model_sha256": loaded.sha256, "suite": args.suite, "specs": args.specs,
-            "repeats": repeats, "device": device, "git": f"{git}{' (dirty)' if dirty else ''}", "wall_s": time.perf_counter() - t0,
+            "repeats": repeats, "device": device, "git": f"{git}{' (dirty)' if dirty else ''}",
+            "wall_s": time.perf_counter() - t0,
             "rows": rows}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
