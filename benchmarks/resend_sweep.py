@@ -20,6 +20,11 @@ rather than assumes.
     flock /tmp/heavy.lock env OMP_NUM_THREADS=2 PYTHONPATH=. python -m benchmarks.resend_sweep \\
         --suite literature --depths 2 --repeats 1,2,4,8,16 --out reports/resend \\
         --specs 'noise(sigma=0.01)' 'noise(sigma=0.02)' 'noise(sigma=0.05)'
+
+``--device cuda`` runs the model and the attackers on a GPU (a head-8 sweep of one spec took about five minutes
+on an H200). A cell fitted per r takes about half an hour on two CPU cores, and a sweep writes nothing until it
+ends, so long sweeps are best run one spec per sweep (each its own ``--out``) and joined with
+``--merge DIR... --out OUT`` (:mod:`benchmarks.resend_merge`).
 """
 
 from __future__ import annotations
