@@ -65,25 +65,25 @@ def merge_data(parts: list[tuple[Path, dict]]) -> dict:
     return data
 
 
-def merge_dirs(dirs: list[str | Path], out: str | Path) -> int:
-    """Write the joined sweep of ``dirs`` to ``out``: report.md, results.json, the plot and predictions/."""
-    from benchmarks.bench_output import write_dir
-    from benchmarks.checkout import git_state
-    from benchmarks.resend_sweep import plot, report, to_document
+def load_parts(dirs: list[str | Path]) -> list[tuple[Path, dict]]:
+    """``(directory, results document)`` of each sweep directory, checked to be a resend sweep's."""
+    return [(Path(d), _load(Path(d))) for d in dirs]
 
-    parts = [(Path(d), _load(Path(d))) for d in dirs]
-    data = merge_data(parts)
+
+def provenance(parts: list[tuple[Path, dict]]) -> dict:
+    """The top-level keys of the joined document that describe the parts' code and runs, not the merging
+    checkout's (recorded as ``merged_by``)."""
+    from benchmarks.checkout import git_state
+
     first = parts[0][1]
-    doc = to_document(data)
-    for key in ("git_hash", "code_digest", "versions"):  # the parts' provenance, not the merging checkout's
-        doc[key] = first[key]
-    doc["git_dirty"] = any(d["git_dirty"] for _, d in parts)
-    doc["date"] = max(d["date"] for _, d in parts)
-    doc["merged_by"] = dict(zip(("git_hash", "git_dirty"), git_state()))
-    out = Path(out)
+    return {**{k: first[k] for k in ("git_hash", "code_digest", "versions")},
+            "git_dirty": any(d["git_dirty"] for _, d in parts), "date": max(d["date"] for _, d in parts),
+            "merged_by": dict(zip(("git_hash", "git_dirty"), git_state()))}
+
+
+def copy_predictions(parts: list[tuple[Path, dict]], out: Path) -> None:
+    """Every part's per-token predictions into ``out/predictions/`` (names carry the run, so none collide)."""
     (out / "predictions").mkdir(parents=True, exist_ok=True)
     for path, _ in parts:
         for f in sorted((path / "predictions").glob("*.jsonl.gz")):
             shutil.copyfile(f, out / "predictions" / f.name)
-    plot(data["rows"], out / "recovery_vs_sessions.png")
-    return write_dir(out, report(data), doc)

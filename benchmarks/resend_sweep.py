@@ -46,7 +46,7 @@ from attacks.registry import make_attack
 from benchmarks.bench_output import document, write_dir
 from benchmarks.defenses_calibrate import calibrate
 from benchmarks.grid_cell import paired_gap, score_on_set
-from benchmarks.resend_merge import merge_dirs
+from benchmarks.resend_merge import copy_predictions, load_parts, merge_data, provenance
 from benchmarks.schema import add_metric, metric
 from benchmarks.scored_set import ScoredSetConfig, set_size, take
 from benchmarks.stage_defenses import grid_data, spec_pipeline
@@ -198,6 +198,18 @@ def to_document(data: dict) -> dict:
     return doc
 
 
+def merge(dirs: list[str], out: str | Path) -> int:
+    """Join sweeps of one run, one spec each (:mod:`benchmarks.resend_merge`), into ``out``: report.md,
+    results.json, the plot and predictions/, as one sweep of all their specs writes them."""
+    parts = load_parts(dirs)
+    data = merge_data(parts)
+    doc = {**to_document(data), **provenance(parts)}
+    out = Path(out)
+    copy_predictions(parts, out)
+    plot(data["rows"], out / "recovery_vs_sessions.png")
+    return write_dir(out, report(data), doc)
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
@@ -225,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.out:
             p.error("--merge needs --out, the directory the joined sweep is written to")
         try:
-            return merge_dirs(args.merge, args.out)
+            return merge(args.merge, args.out)
         except SplitInferError as e:
             p.error(str(e))
     if args.replot:
