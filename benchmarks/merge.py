@@ -133,6 +133,19 @@ def _merge_metrics(docs: list[tuple[Path, dict]]) -> dict:
     return out
 
 
+def merged_by() -> dict:
+    """``{"git_hash", "git_dirty"}`` of the checkout that runs a merge (not the code of the merged parts)."""
+    return dict(zip(("git_hash", "git_dirty"), git_state()))
+
+
+def copy_predictions(part_dirs: list[Path], out: Path) -> None:
+    """Every part's per-token predictions into ``out/predictions/`` (their names carry the run: none collide)."""
+    for part in part_dirs:
+        for f in sorted((part / "predictions").glob("*.jsonl.gz")):
+            (out / "predictions").mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f, out / "predictions" / f.name)
+
+
 def merge_results(docs: list[tuple[Path, dict]], partial: bool = False) -> dict:
     """One results document from a complete (or, with ``partial``, an incomplete) set of shards."""
     n, missing = check_shards(docs, partial)
@@ -145,7 +158,7 @@ def merge_results(docs: list[tuple[Path, dict]], partial: bool = False) -> dict:
     merged["schema_minor"] = max(int(merged.get("schema_minor") or 0), SCHEMA_MINOR)  # merged_by: every merge
     if missing:
         merged["missing_shards"] = missing
-    merged["merged_by"] = dict(zip(("git_hash", "git_dirty"), git_state()))  # the checkout that ran the merge
+    merged["merged_by"] = merged_by()
     commits = sorted({d["git_hash"] for _, d in docs})
     if len(commits) > 1:  # one code_digest: commits that differ outside the code only
         merged["git_hashes"] = commits
@@ -178,10 +191,7 @@ def merge_dirs(out_dir: str | Path, shard_dirs: list[str | Path], partial: bool 
     merged = merge_results(docs, partial)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for path, _ in docs:
-        for f in sorted((path.parent / "predictions").glob("*.jsonl.gz")):
-            (out / "predictions").mkdir(exist_ok=True)
-            shutil.copyfile(f, out / "predictions" / f.name)
+    copy_predictions([path.parent for path, _ in docs], out)
     path = save(merged, out / "results.json")
     write_report(merged, out)
     return path

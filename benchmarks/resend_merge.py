@@ -13,23 +13,25 @@ time their sum: processor time when they ran side by side; ``git_dirty`` if any 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
+from benchmarks.merge import merged_by
 from splitinfer.errors import SplitInferError
 
-SAME = ("model_sha256", "suite", "repeats", "device")  # data keys every part must share
+SAME = {"model_sha256": None, "suite": None, "repeats": None, "device": "cpu"}  # data keys every part shares,
+# with the value a document that predates the key records (sweeps before --device ran on the CPU)
 
 
-def _load(directory: Path) -> dict:
+def load_sweep(directory: str | Path, option: str) -> dict:
+    """The results document a resend sweep wrote to ``directory``; a one-line error naming ``option`` if absent."""
     try:
-        doc = json.loads((directory / "results.json").read_text(encoding="utf-8"))
+        doc = json.loads((Path(directory) / "results.json").read_text(encoding="utf-8"))
         doc["data"]["rows"]  # noqa: B018 (a resend sweep's document has rows)
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise SplitInferError(f"--merge {directory}: no resend-sweep results.json there ({exc!r}); give directories "
-                              "that resend_sweep --out wrote") from None
+        raise SplitInferError(f"{option} {directory}: no resend-sweep results.json with data.rows there ({exc!r}); "
+                              "give a directory that resend_sweep --out wrote") from None
     if doc.get("suite") != "bench-resend-sweep":
-        raise SplitInferError(f"--merge {directory}: its results.json is a {doc.get('suite')!r} document, not a "
+        raise SplitInferError(f"{option} {directory}: its results.json is a {doc.get('suite')!r} document, not a "
                               "resend sweep's")
     return doc
 
@@ -41,12 +43,11 @@ def merge_data(parts: list[tuple[Path, dict]]) -> dict:
     (p0, d0) = parts[0]
     seen: dict[str, Path] = {}
     for path, doc in parts:
-        for key in SAME:
-            if doc["data"].get(key, "cpu" if key == "device" else None) != d0["data"].get(
-                    key, "cpu" if key == "device" else None):
-                raise SplitInferError(f"--merge: {path} has {key} {doc['data'].get(key)!r}, {p0} has "
-                                      f"{d0['data'].get(key)!r}; join only sweeps of one model, suite, repeats "
-                                      "and device")
+        for key, before in SAME.items():
+            if doc["data"].get(key, before) != d0["data"].get(key, before):
+                raise SplitInferError(f"--merge: {path} has {key} {doc['data'].get(key, before)!r}, {p0} has "
+                                      f"{d0['data'].get(key, before)!r}; join only sweeps of one model, suite, "
+                                      "repeats and device")
         if doc.get("code_digest") != d0.get("code_digest"):
             raise SplitInferError(f"--merge: {path} ran other code than {p0} (code_digest differs: commits "
                                   f"{doc.get('git_hash')} and {d0.get('git_hash')}); rerun one of them at the "
@@ -67,23 +68,13 @@ def merge_data(parts: list[tuple[Path, dict]]) -> dict:
 
 def load_parts(dirs: list[str | Path]) -> list[tuple[Path, dict]]:
     """``(directory, results document)`` of each sweep directory, checked to be a resend sweep's."""
-    return [(Path(d), _load(Path(d))) for d in dirs]
+    return [(Path(d), load_sweep(d, "--merge")) for d in dirs]
 
 
 def provenance(parts: list[tuple[Path, dict]]) -> dict:
     """The top-level keys of the joined document that describe the parts' code and runs, not the merging
     checkout's (recorded as ``merged_by``)."""
-    from benchmarks.checkout import git_state
-
     first = parts[0][1]
     return {**{k: first[k] for k in ("git_hash", "code_digest", "versions")},
             "git_dirty": any(d["git_dirty"] for _, d in parts), "date": max(d["date"] for _, d in parts),
-            "merged_by": dict(zip(("git_hash", "git_dirty"), git_state()))}
-
-
-def copy_predictions(parts: list[tuple[Path, dict]], out: Path) -> None:
-    """Every part's per-token predictions into ``out/predictions/`` (names carry the run, so none collide)."""
-    (out / "predictions").mkdir(parents=True, exist_ok=True)
-    for path, _ in parts:
-        for f in sorted((path / "predictions").glob("*.jsonl.gz")):
-            shutil.copyfile(f, out / "predictions" / f.name)
+            "merged_by": merged_by()}

@@ -30,7 +30,6 @@ ends, so long sweeps are best run one spec per sweep (each its own ``--out``) an
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 import time
@@ -46,7 +45,8 @@ from attacks.registry import make_attack
 from benchmarks.bench_output import document, write_dir
 from benchmarks.defenses_calibrate import calibrate
 from benchmarks.grid_cell import paired_gap, score_on_set
-from benchmarks.resend_merge import copy_predictions, load_parts, merge_data, provenance
+from benchmarks.merge import copy_predictions
+from benchmarks.resend_merge import load_parts, load_sweep, merge_data, provenance
 from benchmarks.schema import add_metric, metric
 from benchmarks.scored_set import ScoredSetConfig, set_size, take
 from benchmarks.stage_defenses import grid_data, spec_pipeline
@@ -180,12 +180,7 @@ def plot(rows: list[dict], path: Path) -> Path | None:
 
 def replot(out: Path) -> Path | None:
     """Redraw ``out``'s plot from the rows its results.json stores (no model run); a one-line error if absent."""
-    try:
-        rows = json.loads((out / "results.json").read_text(encoding="utf-8"))["data"]["rows"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise SplitInferError(f"--replot {out}: no resend-sweep results.json with data.rows there ({exc!r}); "
-                              "give the directory a sweep wrote") from None
-    return plot(rows, out / "recovery_vs_sessions.png")
+    return plot(load_sweep(out, "--replot")["data"]["rows"], out / "recovery_vs_sessions.png")
 
 
 def to_document(data: dict) -> dict:
@@ -205,7 +200,8 @@ def merge(dirs: list[str], out: str | Path) -> int:
     data = merge_data(parts)
     doc = {**to_document(data), **provenance(parts)}
     out = Path(out)
-    copy_predictions(parts, out)
+    out.mkdir(parents=True, exist_ok=True)
+    copy_predictions([path for path, _ in parts], out)
     plot(data["rows"], out / "recovery_vs_sessions.png")
     return write_dir(out, report(data), doc)
 
