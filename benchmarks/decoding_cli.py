@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from benchmarks.prompt_sets import SPLITS
 from splitinfer import atomic
 from splitinfer.cli_flags import ModelFlags, add_deprecated, add_model_args, parse_options, split_options
 from splitinfer.errors import SplitInferError
@@ -101,10 +102,11 @@ def register(bsub) -> None:
                    help="prompts per category on which ngram-pool, prompt-lookup, suffix and token-recycling run "
                         "for real (their tau on all prompts is replayed and checked against these runs); "
                         "a number >= the prompts per category runs them in full (default %(default)s)")
-    d.add_argument("--prompt-split", choices=("dev", "test"), default=None,
+    d.add_argument("--prompt-split", choices=SPLITS, default=None,
                    help="run the held-out Spec-Bench-style prompt sets (benchmarks/prompt_sets.py) instead of the "
-                        "project's 20 prompts: dev to tune on, test to report (with --max-new-tokens 256, rows at "
-                        "128 tokens are replayed from the same outputs; --prompts-per-category caps each category)")
+                        "project's 20 prompts: dev and test are what the defaults were tuned on, test2 is what "
+                        "to report (with --max-new-tokens 256, rows at 128 tokens are replayed from the same "
+                        "outputs; --prompts-per-category caps each category)")
     d.add_argument("--rtt-prompts", type=int, default=1,
                    help="held-out runs: prompts per category run for real over an emulated 80 ms link, sequential "
                         "and combined, for the measured speed-up (default %(default)s; 0: none)")

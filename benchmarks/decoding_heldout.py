@@ -1,4 +1,4 @@
-"""``splitinfer bench decoding --prompt-split dev|test``: the held-out benchmark (issue 32 items 1-2).
+"""``splitinfer bench decoding --prompt-split dev|test|test2``: the held-out benchmark (issue 32 items 1-2).
 
 :func:`run_heldout_bench`, on the held-out prompts of :mod:`benchmarks.prompt_sets` (chat template,
 ``--max-new-tokens`` 256, default split 2,2, fp32 wire, in-process link):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from benchmarks.prompt_sets import SPLIT_ROLES
 from splitinfer.timing import StepTimeModel, StepTiming
 
 EXTERNAL = ("humaneval",)  # reported beside the categories, outside their mean
@@ -175,9 +176,8 @@ def format_report(results: dict) -> str:
     seq = table.get("sequential")
     kernels = results.get("config", {}).get("kernels", "default")
     split = results.get("config", {}).get("prompt_split")
-    parts = [f"prompts: the held-out {split.upper()} split (benchmarks/prompt_sets.py); every figure below is from "
-             f"it{', and nothing was tuned on it' if split == 'test' else ''}; rows '@128' replay the first 128 "
-             f"tokens of the same outputs\n"] if split else []
+    parts = [f"prompts: the {split.upper()} split (benchmarks/prompt_sets.py: {SPLIT_ROLES.get(split, 'unknown')}); "
+             f"every figure below is from it; rows '@128' replay the first 128 tokens of the same outputs\n"] if split else []
     parts.append(f"== Exactness (real runs vs sequential, fp32 wire, {kernels} kernels) ==")
     parts.append(_fmt_table(["decoding", "identical", "max |dlogit|"], [
         [k, f"{r['identical']}/{r['n']}", f"{r['max_logit_diff']:.2e}"] for k, r in table.items() if not r["replayed"]]))

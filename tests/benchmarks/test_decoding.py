@@ -102,3 +102,23 @@ def test_decoding_tune_names_a_step_model_file_without_fitted_costs(tmp_path):
     bad.write_text('{"config": {}}')
     with pytest.raises(SystemExit, match="no fitted step costs"):
         load_step_model(bad)
+
+
+def test_decoding_tune_builds_references_over_the_tuning_splits_and_refuses_test2(monkeypatch, capsys):
+    from benchmarks import decoding_tune, prompt_sets
+    from splitinfer.client import SplitModel
+    from splitinfer.models import load_model
+
+    with pytest.raises(SystemExit):  # argparse's one-line error, before any model loads
+        decoding_tune.main(["--refs", "unused.pt", "--prompt-split", "dev,test2"])
+    assert "test2 is held out" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        decoding_tune.main(["--refs", "unused.pt", "--prompt-split", "train"])
+    assert "unknown split train" in capsys.readouterr().err
+    assert decoding_tune._splits("dev, test") == "dev,test"
+    msgs = {"dev": [[{"role": "user", "content": "Say hi."}]], "test": [[{"role": "user", "content": "Count to 3."}]]}
+    monkeypatch.setattr(prompt_sets, "prompt_set", lambda split, n=None: {"qa": msgs[split]})
+    sm = SplitModel(load_model("tiny-random"), "2,2", wire_dtype="fp32")
+    refs = decoding_tune.build_refs(sm, 0, 4, prompt_split="dev,test")
+    assert [r["category"] for r in refs["refs"]] == ["qa", "qa"]  # one category pools both splits' prompts
+    assert refs["refs"][0]["ids"] != refs["refs"][1]["ids"] and all(r["output"] for r in refs["refs"])

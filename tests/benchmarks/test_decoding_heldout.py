@@ -23,7 +23,7 @@ def results(tiny, tmp_path_factory):
     mp.setattr(prompt_sets, "prompt_set", lambda split, n=None: PROMPTS)
     mp.setattr(decoding_heldout, "SHORT", 5)
     try:
-        assert main(["bench", "decoding", "--model", "tiny-random", "--prompt-split", "test", "--max-new-tokens",
+        assert main(["bench", "decoding", "--model", "tiny-random", "--prompt-split", "test2", "--max-new-tokens",
                      "10", "--out", str(out)]) == 0
     finally:
         mp.undo()
@@ -42,7 +42,7 @@ def test_combined_outputs_are_greedy_and_every_source_is_replayed(results):
                  "suffix-automaton", "combined +rest", "combined +suffix-automaton", "combined only rest"):
         assert len(runs[name]) == 3 and runs[name][0]["replayed"], name
     assert res["replay_checks"] == {"combined": True, "transformers prompt lookup rule": True}
-    assert res["config"]["prompt_split"] == "test" and res["config"]["categories"] == ["qa", "code"]
+    assert res["config"]["prompt_split"] == "test2" and res["config"]["categories"] == ["qa", "code"]
     assert "chat_template_sha256" in res["config"]["tokenisation"]
     assert res["measured_rtt"]["combined"]["identical"] == 2
 
@@ -53,7 +53,9 @@ def test_report_names_the_split_and_means_over_its_categories(results):
     assert table["combined"]["tau"]["mean"] == pytest.approx((table["combined"]["tau"]["qa"]
                                                               + table["combined"]["tau"]["code"]) / 2)
     text = format_report(res)
-    assert "held-out TEST split" in text and "nothing was tuned on it" in text
+    assert "TEST2 split" in text and "nothing was tuned on it" in text
+    retuned = format_report({**res, "config": {**res["config"], "prompt_split": "test"}})
+    assert "TEST split" in retuned and "the current defaults were tuned on it" in retuned  # test is no longer held out
     assert "measured speed-up of combined over sequential at 80 ms" in text
     assert "modelled speed-up over sequential at 80 ms, flat per-step compute, per category" in text
     t = targets(table, res)

@@ -1,4 +1,6 @@
-from benchmarks.prompt_sets import CATEGORIES, N_DEV, all_prompts, prompt_set
+from collections import Counter
+
+from benchmarks.prompt_sets import CATEGORIES, N_DEV, SPLIT_ROLES, SPLITS, TUNING_SPLITS, all_prompts, prompt_set
 
 
 def test_dev_and_test_are_fixed_disjoint_and_cover_every_category():
@@ -28,5 +30,32 @@ def test_a_bad_split_is_a_one_line_error():
 
     from splitinfer.errors import SplitInferError
 
-    with pytest.raises(SplitInferError, match="dev, test"):
+    with pytest.raises(SplitInferError, match="dev, test, test2"):
         prompt_set("train")
+
+
+def _paragraph_heads(messages) -> list[str]:
+    text = messages[-1]["content"].removeprefix("Passage:\n")
+    return [p.strip()[:80] for p in text.split("\n\n")[:-1]]  # the last part is the instruction or question
+
+
+def test_test2_shares_no_text_with_the_splits_that_were_tuned_on():
+    sets = {s: prompt_set(s) for s in SPLITS}
+    assert set(SPLIT_ROLES) == set(SPLITS) and "test2" not in TUNING_SPLITS
+    assert list(sets["test2"]) == list(CATEGORIES)
+    seen = {str(p) for s in TUNING_SPLITS for ps in sets[s].values() for p in ps}
+    heads = Counter()
+    for split, cats in sets.items():
+        for cat, prompts in cats.items():
+            if split == "test2":
+                assert len(prompts) >= 10 and not {str(p) for p in prompts} & seen
+                assert len({str(p) for p in prompts}) == len(prompts)
+            if cat in ("summarisation", "rag"):
+                heads.update(h for p in prompts for h in _paragraph_heads(p))
+    assert heads and max(heads.values()) == 1  # no passage paragraph is in two prompts, across all splits
+    t2 = sets["test2"]
+    for i, m in enumerate(t2["multi-turn"]):  # the follow-up questions are new, and so are the conversations
+        assert m[-1]["content"] not in {p[-1]["content"] for ps in (sets["dev"], sets["test"]) for p in ps["multi-turn"]}
+        assert m[0] not in [p[0] for ps in (sets["dev"], sets["test"]) for p in ps["multi-turn"]]
+    code = [m[0]["content"] for s in SPLITS for m in sets[s]["code"]]
+    assert len(set(code)) == len(code)
