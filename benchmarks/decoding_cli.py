@@ -104,7 +104,7 @@ def register(bsub) -> None:
                         "a number >= the prompts per category runs them in full (default %(default)s)")
     d.add_argument("--prompt-split", choices=SPLITS, default=None,
                    help="run the held-out Spec-Bench-style prompt sets (benchmarks/prompt_sets.py) instead of the "
-                        "project's 20 prompts: dev and test are what the defaults were tuned on, test2 is what "
+                        "project's 20 prompts: dev and test are what a retuning may use, test2 is what "
                         "to report (with --max-new-tokens 256, rows at 128 tokens are replayed from the same "
                         "outputs; --prompts-per-category caps each category)")
     d.add_argument("--rtt-prompts", type=int, default=1,

@@ -28,9 +28,9 @@ tuned on dev alone and reported on test. Once test's figures had been read,
 any retuning would have been chosen having seen them, so a second held-out
 split, *test2*, was written afterwards from text neither split uses (other
 conversations, other passages of the speeches, new questions and problems,
-HumanEval problems 34-43): the second round's defaults are tuned on dev and
-test together (:data:`TUNING_SPLITS`) and reported on test2, which nothing
-was tuned on (:data:`SPLIT_ROLES`). A prompt is a list of chat messages; the
+HumanEval problems 34-43): a retuning may use dev and test together
+(:data:`TUNING_SPLITS`) and is reported on test2, which nothing was tuned on
+(:data:`SPLIT_ROLES`). The current defaults predate both splits. A prompt is a list of chat messages; the
 benchmark applies the model's chat template.
 """
 
@@ -43,10 +43,10 @@ from splitinfer.errors import SplitInferError
 
 N_DEV = 4
 SPLITS = ("dev", "test", "test2")
-TUNING_SPLITS = ("dev", "test")  # what the current defaults were chosen on; test2 was tuned on by nothing
+TUNING_SPLITS = ("dev", "test")  # what a retuning may choose on; test2 is never tuned on
 SPLIT_ROLES = {
     "dev": "the first round's tuning split",
-    "test": "held out in the first round; the current defaults were tuned on it with dev",
+    "test": "held out in the first round; its figures have been read, so a retuning may use it with dev",
     "test2": "held out: written after test's figures were read, and nothing was tuned on it",
 }
 CATEGORIES = ("multi-turn", "summarisation", "qa", "rag", "math", "code")
