@@ -61,7 +61,7 @@ from splitinfer.timing import StepTimeModel, StepTiming, cross_validate, fit
 log = logging.getLogger(__name__)
 
 HF_RULE = "prompt-lookup transformers-rule"  # our prompt-lookup with transformers' matching rule, replayed
-HF_PROMPT_LOOKUP = {"ngram": 2, "draft_budget": 10, "occurrence": "first"}
+HF_PROMPT_LOOKUP = {"ngram": 2, "draft_budget": 10, "occurrence": "first", "at_prefill": True}
 TOPK = 8  # top tokens per replayed row (token-recycling's k at most)
 # combined's tree is sized with these step costs (ms = step_ms + token_ms * positions sent): this CPU's fitted
 # step-time model projected to 80 ms RTT, 100 Mbit/s (the full run of reports/decoding at 3931371); FLAT80 the

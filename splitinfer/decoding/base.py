@@ -217,6 +217,11 @@ class Proposer(ABC):
     #: True when the proposer drafts by running the local model parts (``env.local``): it cannot be
     #: replayed without the model, and inside ``combined`` it is handed each step's feedback.
     needs_model = False
+    #: True for a rule that also drafts from the prompt and has the draft verified in the prefill forward, as
+    #: transformers' assisted generation does (``prompt-lookup`` with ``at_prefill``). Only :func:`replay`
+    #: models it, to count a peer's forwards exactly; the split runtime's prefill carries no draft, so
+    #: :func:`~splitinfer.decoding.verify.decode` refuses such a proposer.
+    drafts_at_prefill = False
     #: How many top tokens (and probabilities) of every verified row's logits the proposer wants in its
     #: :class:`StepFeedback` (0 = none); the verifier computes them from logits it has anyway.
     feedback_topk = 0

@@ -6,7 +6,10 @@ occurred earlier in the prompt or output, and draft the ``draft_budget``
 occurrence is used (HF takes the first; ``occurrence="first"`` does as HF
 does, and then also cuts a guess before its first EOS, as HF's candidate
 generator does: with ``ngram=2, draft_budget=10`` it is transformers'
-``prompt_lookup_num_tokens=10``, so it can be replayed as a peer); with
+``prompt_lookup_num_tokens=10``, so it can be replayed as a peer; transformers
+also drafts from the prompt alone and verifies that draft in the prefill
+forward, which ``at_prefill=True`` adds for :func:`~splitinfer.decoding.replay.replay`
+only: the split runtime's prefill carries no draft and refuses it); with
 ``candidates`` > 1 the next most recent distinct continuations are merged
 into a tree, still at most ``draft_budget`` nodes.
 """
@@ -53,7 +56,11 @@ def find_continuations(
 class PromptLookup(Proposer):
     """Longest-suffix match (<= ``ngram`` tokens) against prompt + output; draft what followed."""
 
-    def __init__(self, *, ngram: int = 3, draft_budget: int = 10, candidates: int = 1, occurrence: str = "recent"):
+    def __init__(self, *, ngram: int = 3, draft_budget: int = 10, candidates: int = 1, occurrence: str = "recent",
+                 at_prefill: bool = False):
+        if not isinstance(at_prefill, bool):
+            raise SplitInferError(f"prompt-lookup at_prefill must be true or false; got {at_prefill!r}")
+        self.drafts_at_prefill = at_prefill
         self.ngram = check_positive("ngram", ngram)
         self.k = check_positive("draft_budget", draft_budget)
         self.max_candidates = check_positive("candidates", candidates)

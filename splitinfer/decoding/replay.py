@@ -68,53 +68,67 @@ def replay(
         raise SplitInferError("cannot replay an empty output")
     prompt, output = list(prompt), list(output)
     proposer.begin(list(prompt), env)
-    steps = [_timing(cost_model, len(prompt))]
-    steps[0].tokens_committed = 1
-    proposer.update(list(prompt), [output[0]], StepFeedback(EMPTY, [], [], output[0], steps[0],
-                                                            topk_ids=None if topk is None else topk[0][: len(prompt)],
-                                                            topk_probs=None if topk is None else topk[1][: len(prompt)]))
-    n_out = 1
-    context = prompt + [output[0]]
+    if proposer.drafts_at_prefill and max_new_tokens > 1:  # transformers: the prefill forward verifies a draft
+        steps = [_verified_step(proposer, prompt, output, max_new_tokens, cost_model, topk, prefill=True)]
+    else:
+        steps = [_timing(cost_model, len(prompt))]
+        steps[0].tokens_committed = 1
+        proposer.update(list(prompt), [output[0]],
+                        StepFeedback(EMPTY, [], [], output[0], steps[0],
+                                     topk_ids=None if topk is None else topk[0][: len(prompt)],
+                                     topk_probs=None if topk is None else topk[1][: len(prompt)]))
+    n_out = steps[0].tokens_committed
     while n_out < len(output):
-        remaining = max_new_tokens - n_out
-        draft = proposer.propose(list(context)) if remaining > 1 else EMPTY
-        pruned, kept = prune_draft(draft, max_depth=remaining - 1, max_nodes=1 << 30)
-        truth = output[n_out:]  # the greedy continuation after context[-1]
-        dep = depths(list(pruned.parents))
-        ok: list[bool] = []
-        best, best_depth = -1, 0
-        for i, (tok, p) in enumerate(zip(pruned.tokens, pruned.parents)):
-            good = (p < 0 or ok[p]) and dep[i] < len(truth) and tok == truth[dep[i]]
-            ok.append(good)
-            if good and dep[i] + 1 > best_depth:
-                best, best_depth = i, dep[i] + 1
-        path = []
-        while best >= 0:
-            path.append(best)
-            best = pruned.parents[best]
-        path.reverse()
-        out = truth[: len(path) + 1]
-        node_argmax: list[int | None] = [None] * len(draft)
-        for i in path:
-            if dep[i] + 1 < len(truth):
-                node_argmax[kept[i]] = truth[dep[i] + 1]
-        t = _timing(cost_model, 1 + len(pruned))
-        t.draft_tokens, t.draft_accepted, t.tokens_committed = len(pruned), len(path), len(out)
-        fb = StepFeedback(draft, node_argmax, [kept[i] for i in path], truth[0], t, list(kept))
-        if topk is not None:  # rows: the root, then the sent nodes; known for the root and the accepted path
-            rows = [len(context) - 1] + [-1] * len(pruned)
-            for i in path:
-                rows[1 + i] = len(context) + dep[i]
-            fb.topk_ids, fb.topk_probs = _known_rows(topk, rows)
-        proposer.update(list(context), list(out), fb)
-        if proposer.learns_from_rejected:  # e.g. combined once its lookahead branch rode along
-            raise SplitInferError(f"proposer {proposer.name!r} used the model's outputs; it cannot be replayed "
-                                  "(for combined pass lookahead='off')")
-        context += out
-        n_out += len(out)
-        steps.append(t)
+        context = prompt + output[:n_out]
+        steps.append(_verified_step(proposer, context, output[n_out:], max_new_tokens - n_out, cost_model, topk))
+        n_out += steps[-1].tokens_committed
     proposer.end(prompt, output)
     return steps
+
+
+def _verified_step(proposer: Proposer, context: list[int], truth: list[int], remaining: int,
+                   cost_model: StepTimeModel | None, topk: tuple[torch.Tensor, torch.Tensor] | None,
+                   prefill: bool = False) -> StepTiming:
+    """One step of the verifier, replayed: draft after ``context``, accept the longest path that agrees with
+    ``truth`` (the greedy tokens after ``context``), hand the proposer its feedback; the step's timing.
+
+    ``prefill``: ``context`` is the prompt and the step also sends it (transformers verifies a draft in the
+    prefill forward); otherwise the step sends ``context[-1]`` and the draft.
+    """
+    draft = proposer.propose(list(context)) if remaining > 1 else EMPTY
+    pruned, kept = prune_draft(draft, max_depth=remaining - 1, max_nodes=1 << 30)
+    dep = depths(list(pruned.parents))
+    ok: list[bool] = []
+    best, best_depth = -1, 0
+    for i, (tok, p) in enumerate(zip(pruned.tokens, pruned.parents)):
+        good = (p < 0 or ok[p]) and dep[i] < len(truth) and tok == truth[dep[i]]
+        ok.append(good)
+        if good and dep[i] + 1 > best_depth:
+            best, best_depth = i, dep[i] + 1
+    path = []
+    while best >= 0:
+        path.append(best)
+        best = pruned.parents[best]
+    path.reverse()
+    out = truth[: len(path) + 1]
+    node_argmax: list[int | None] = [None] * len(draft)
+    for i in path:
+        if dep[i] + 1 < len(truth):
+            node_argmax[kept[i]] = truth[dep[i] + 1]
+    root_rows = list(range(len(context))) if prefill else [len(context) - 1]  # rows that choose truth[0]'s
+    t = _timing(cost_model, len(root_rows) + len(pruned))
+    t.draft_tokens, t.draft_accepted, t.tokens_committed = len(pruned), len(path), len(out)
+    fb = StepFeedback(draft, node_argmax, [kept[i] for i in path], truth[0], t, list(kept))
+    if topk is not None:  # rows: the root(s), then the sent nodes; known for the root(s) and the accepted path
+        rows = root_rows + [-1] * len(pruned)
+        for i in path:
+            rows[len(root_rows) + i] = len(context) + dep[i]
+        fb.topk_ids, fb.topk_probs = _known_rows(topk, rows)
+    proposer.update(list(context), list(out), fb)
+    if proposer.learns_from_rejected:  # e.g. combined once its lookahead branch rode along
+        raise SplitInferError(f"proposer {proposer.name!r} used the model's outputs; it cannot be replayed "
+                              "(for combined pass lookahead='off')")
+    return t
 
 
 def _known_rows(topk: tuple[torch.Tensor, torch.Tensor], rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

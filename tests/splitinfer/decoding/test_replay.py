@@ -62,3 +62,25 @@ def test_replay_matches_across_prompts_with_eos_inside_drafts(tiny, monkeypatch)
         steps = replay(rep, ids, res.token_ids, 40, env, topk=_topk(tiny, rep, ids, res.token_ids))
         assert [s.tokens_committed for s in steps] == [s.tokens_committed for s in res.steps]
         assert [s.tokens_sent for s in steps] == [s.tokens_sent for s in res.steps]
+
+
+def test_a_rule_that_drafts_at_prefill_commits_its_draft_in_the_first_step():
+    """transformers' rule (``at_prefill``): the prompt's final bigram 1 2 occurred at its start, so 3 4 1 2 is
+    drafted with the prompt; 3 4 are right, 9 is the bonus: three tokens from the prefill forward."""
+    prompt, output = [1, 2, 3, 4, 1, 2], [3, 4, 9, 8, 7]
+    opts = {"ngram": 2, "draft_budget": 10, "occurrence": "first"}
+    env = DecodingEnv(vocab_size=10)
+    steps = replay(make_proposer("prompt-lookup", **opts, at_prefill=True), prompt, output, 5, env)
+    assert steps[0].tokens_committed == 3 and steps[0].draft_accepted == 2 and steps[0].tokens_sent == 6 + 4
+    assert sum(s.tokens_committed for s in steps) == 5
+    plain = replay(make_proposer("prompt-lookup", **opts), prompt, output, 5, env)
+    assert plain[0].tokens_committed == 1 and len(plain) > len(steps)
+    assert len(replay(make_proposer("prompt-lookup", **opts, at_prefill=True), prompt, output[:1], 1, env)) == 1
+
+
+def test_the_split_runtime_refuses_a_prefill_draft(tiny):
+    sm = SplitModel(tiny, "2,2", wire_dtype="fp32")
+    with pytest.raises(SplitInferError, match="drafts at prefill"):
+        sm.generate(sm.encode_prompt(PROMPT), 4, decoding=make_proposer("prompt-lookup", at_prefill=True))
+    with pytest.raises(SplitInferError, match="at_prefill must be true or false"):
+        make_proposer("prompt-lookup", at_prefill="yes")
