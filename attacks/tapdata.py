@@ -148,6 +148,25 @@ class Taps:
         keep = int(np.searchsorted(np.cumsum(self.seq_lengths), max_tokens, side="right"))
         return self if keep >= len(self) else self.select_sequences(range(max(keep, 1)))
 
+    def spread_tokens(self, max_tokens: int) -> Taps:
+        """Whole sequences spread evenly over the taps, holding at most ``max_tokens`` tokens (at least one).
+
+        Every ``stride``-th sequence first (stride = total / ``max_tokens``, rounded up), then the next offset, in
+        order, until the next would pass ``max_tokens``. A training pool is concatenated corpus by corpus, so
+        :meth:`head_tokens` of it is the first corpus alone; this sample draws on every corpus in proportion.
+        """
+        total = int(self.seq_lengths.sum())
+        if total <= max_tokens:
+            return self
+        stride = max(1, -(-total // max(1, max_tokens)))
+        chosen, kept = [], 0
+        for i in (i for r in range(stride) for i in range(r, len(self), stride)):
+            if chosen and kept + int(self.seq_lengths[i]) > max_tokens:
+                break
+            chosen.append(i)
+            kept += int(self.seq_lengths[i])
+        return self.select_sequences(sorted(chosen))
+
     @classmethod
     def concat(cls, parts: Sequence[Taps]) -> Taps:
         """Concatenate taps of the same model and boundary (documents are kept apart)."""

@@ -71,7 +71,7 @@ class LMPriorMatch(WhitenedVocabMatch):
 
     def _fit(self, train: Taps, val: Taps | None, trainer: Any) -> None:
         super()._fit(train, val, trainer)
-        own = train.head_tokens(int(self.hparams["residual_tokens"]))
+        own = train.spread_tokens(int(self.hparams["residual_tokens"]))
         clean = torch.from_numpy(np.asarray(self._public_view(own).hidden, dtype=np.float32))  # (N, d)
         clip = self.release_clip(None, clean.shape[-1])  # noise only: one clip for every position
         clean = clean if clip is None else clip_rows(clean, clip)

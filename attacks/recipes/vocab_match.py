@@ -23,7 +23,8 @@ relative L2 separates tokens there by only 0.4%). A candidate within ``tol``
 is accepted at once. Candidates, in order:
 
 1. the top of a proposer's ranking (``batch_sizes``, default 8 then 64): a
-   ``linear-embed`` ridge map fitted on the training taps plus
+   ``linear-embed`` ridge map fitted on ``proposer_tokens`` of the training taps (whole sequences spread over
+   the pool, so every corpus is in it: :meth:`~attacks.tapdata.Taps.spread_tokens`) plus
    ``random_tokens`` head states of uniformly random token sequences (a
    white-box attacker makes such pairs for free; they cover rare tokens), and
    optionally, first, another learned attacker's top-k (:meth:`set_proposer`);
@@ -156,7 +157,7 @@ class VocabMatch(InversionAttack):
     def _fit(self, train: Taps, val: Taps | None, trainer: Any) -> None:
         self._need_model()
         if self.hparams["proposer"] == "linear-embed":
-            data = train.head_tokens(int(self.hparams["proposer_tokens"]))
+            data = train.spread_tokens(int(self.hparams["proposer_tokens"]))  # every corpus, not the first
             if int(self.hparams["random_tokens"]) > 0:
                 data = Taps.concat([data, self._random_taps(train, int(self.hparams["random_tokens"]))])
             self.proposer = make_attack("linear-embed", model=self.model, seed=self.seed)

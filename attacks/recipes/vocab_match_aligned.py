@@ -92,7 +92,7 @@ class AlignedVocabMatch(AdaptiveVocabMatch):
 
     def _fit(self, train: Taps, val: Taps | None, trainer: Any) -> None:
         super()._fit(train, val, trainer)
-        ref = self._public_view(train.head_tokens(int(self.hparams["reference_tokens"])))
+        ref = self._public_view(train.spread_tokens(int(self.hparams["reference_tokens"])))
         self.reference = torch.from_numpy(np.asarray(ref.hidden, dtype=np.float64))
 
     def _state(self) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -94,7 +94,7 @@ class WhitenedVocabMatch(AdaptiveVocabMatch):
 
     def _fit(self, train: Taps, val: Taps | None, trainer: Any) -> None:
         super()._fit(train, val, trainer)
-        own = train.head_tokens(int(self.hparams["residual_tokens"]))
+        own = train.spread_tokens(int(self.hparams["residual_tokens"]))
         clean = torch.from_numpy(np.asarray(self._public_view(own).hidden, dtype=np.float32))  # (N, d)
         y = torch.from_numpy(np.asarray(own.hidden, dtype=np.float32))  # (N, d)
         noised = ~self.untouched(clean, y)  # (N,) public rows are released untouched: no noise to estimate there

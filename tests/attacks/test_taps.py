@@ -300,3 +300,20 @@ def test_every_sequence_starts_with_the_tokenizers_bos_and_it_is_public(tiny, tm
     assert public.tolist() == [bool(i in set(starts.tolist())) for i in range(len(doc.token_ids))]
     user = "".join(text[s:e] for (s, e), p in zip(doc.offsets, public) if not p)
     assert text.startswith(user) and len(user) == sum(doc.chunk_lengths) - len(starts)
+
+
+def test_spread_tokens_draws_on_every_corpus_of_a_pool_where_head_tokens_takes_the_first() -> None:
+    """A training pool is concatenated corpus by corpus: its first 20,000 tokens were prose alone, and the
+    matchers' candidate proposer was fitted on them (code and PII never seen)."""
+    from attacks.tapdata import Taps
+    from tests.attacks.synth import make_taps
+
+    pool = Taps.concat([make_taps(n_seqs=10, seq_len=12, first_doc=10 * c) for c in range(4)])  # 4 "corpora"
+    corpus_of = lambda t: {int(d) // 10 for d in t.seq_doc}  # noqa: E731
+    assert corpus_of(pool.head_tokens(120)) == {0}
+    sample = pool.spread_tokens(120)
+    assert corpus_of(sample) == {0, 1, 2, 3} and sample.n_tokens <= 120 and len(sample) == 10
+    assert pool.spread_tokens(10_000) is pool
+    assert len(pool.spread_tokens(5)) == 1  # at least one whole sequence
+    again = pool.spread_tokens(200)
+    assert again.n_tokens <= 200 and list(again.seq_doc) == sorted(again.seq_doc)  # in pool order

@@ -159,3 +159,19 @@ def test_scoring_subset_spreads_over_documents():
     assert sub.n_tokens == 16
     few = scoring_subset(taps.select_sequences([0, 1, 2, 4]), {"prose": (0, 32)}, 16, 0, n_seqs=4)
     assert len(few) == 4 and sorted(set(few.seq_doc.tolist())) == [0, 1]  # fewer documents: filled with chunks
+
+
+def test_the_candidate_proposer_is_fitted_on_every_corpus_of_the_pool(tiny, taps, monkeypatch) -> None:
+    """proposer_tokens smaller than the pool: the proposer's sample spreads over it (it took the pool's first
+    sequences, i.e. the first corpus alone, before)."""
+    from attacks.recipes.linear_probe import LinearEmbed
+
+    train = taps[0]["head:2"]
+    seen = []
+    real_fit = LinearEmbed.fit
+    monkeypatch.setattr(LinearEmbed, "fit", lambda self, data, val=None, **kw: (seen.append(data), real_fit(
+        self, data, val, **kw))[1])
+    half = train.n_tokens // 2
+    make_attack("vocab-match", model=tiny, proposer_tokens=half, random_tokens=0).fit(train)
+    docs = set(seen[0].seq_doc.tolist())
+    assert seen[0].n_tokens <= half and max(docs) >= len(train) // 2 and min(docs) < len(train) // 2
