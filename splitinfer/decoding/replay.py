@@ -115,7 +115,7 @@ def _verified_step(proposer: Proposer, context: list[int], truth: list[int], rem
     for i in path:
         if dep[i] + 1 < len(truth):
             node_argmax[kept[i]] = truth[dep[i] + 1]
-    root_rows = list(range(len(context))) if prefill else [len(context) - 1]  # rows that choose truth[0]'s
+    root_rows = list(range(len(context))) if prefill else [len(context) - 1]  # the rows sent before the draft
     t = _timing(cost_model, len(root_rows) + len(pruned))
     t.draft_tokens, t.draft_accepted, t.tokens_committed = len(pruned), len(path), len(out)
     fb = StepFeedback(draft, node_argmax, [kept[i] for i in path], truth[0], t, list(kept))
