@@ -149,23 +149,24 @@ class Taps:
         return self if keep >= len(self) else self.select_sequences(range(max(keep, 1)))
 
     def spread_tokens(self, max_tokens: int) -> Taps:
-        """Whole sequences spread evenly over the taps, holding at most ``max_tokens`` tokens (at least one).
+        """Whole sequences spread over the taps in proportion, holding at most ``max_tokens`` tokens (at least one).
 
-        Every ``stride``-th sequence first (stride = total / ``max_tokens``, rounded up), then the next offset, in
-        order, until the next would pass ``max_tokens``. A training pool is concatenated corpus by corpus, so
-        :meth:`head_tokens` of it is the first corpus alone; this sample draws on every corpus in proportion.
+        In order, each sequence adds its share of the budget (its length x ``max_tokens`` / total) to a running
+        quota and is taken when the quota covers its length, which then pays for it: every stretch of the pool
+        gives about its share, within one sequence, and the sample never passes the budget. A training pool is
+        concatenated corpus by corpus, so :meth:`head_tokens` of it is the first corpus alone.
         """
-        total = int(self.seq_lengths.sum())
+        lengths = self.seq_lengths.astype(np.int64)
+        total = int(lengths.sum())
         if total <= max_tokens:
             return self
-        stride = max(1, -(-total // max(1, max_tokens)))
-        chosen, kept = [], 0
-        for i in (i for r in range(stride) for i in range(r, len(self), stride)):
-            if chosen and kept + int(self.seq_lengths[i]) > max_tokens:
-                break
-            chosen.append(i)
-            kept += int(self.seq_lengths[i])
-        return self.select_sequences(sorted(chosen))
+        rate, quota, chosen = max(0, max_tokens) / total, 0.0, []
+        for i, n in enumerate(lengths.tolist()):
+            quota += n * rate
+            if quota + 1e-9 >= n:
+                chosen.append(i)
+                quota -= n
+        return self.select_sequences(chosen or [0])
 
     @classmethod
     def concat(cls, parts: Sequence[Taps]) -> Taps:

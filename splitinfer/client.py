@@ -344,10 +344,15 @@ def make_decoding(decoding: str | Proposer, options: dict | None = None) -> Prop
     if isinstance(decoding, Proposer):
         if options:
             raise SplitInferError("decoding_options only apply when decoding is a name, not a Proposer instance")
-        return decoding
-    if not isinstance(decoding, str):
+        proposer = decoding
+    elif isinstance(decoding, str):
+        proposer = make_proposer(decoding, **(options or {}))
+    else:
         raise SplitInferError(f"decoding must be a proposer name or a Proposer, got {type(decoding).__name__}")
-    return make_proposer(decoding, **(options or {}))
+    if proposer.drafts_at_prefill:  # before any session opens
+        raise SplitInferError(f"proposer {proposer.name!r} drafts at prefill, which only the replay of transformers' "
+                              "rule models: the split runtime's prefill carries no draft (drop at_prefill)")
+    return proposer
 
 
 def _row_digests(cache, tokens: list[int], parents: list[int] | None, keep: dict | None) -> list[int]:

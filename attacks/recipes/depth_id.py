@@ -95,7 +95,7 @@ class DepthId(DepthIdentifier):
         if len(shas) > 1:
             raise AttackError("depth-id training taps come from different models; use one model")
         cap = int(self.hparams["max_tokens_per_depth"])
-        groups = [t.head_tokens(cap) for t in groups]
+        groups = [t.spread_tokens(cap) for t in groups]
         for key in ("model", "model_sha256", "num_layers"):
             self.meta[key] = groups[0].meta.get(key)
         self.meta.update(hidden_size=groups[0].hidden_size, boundary=None, depths=sorted(depths))

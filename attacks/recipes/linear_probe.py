@@ -99,7 +99,7 @@ class LinearEmbed(InversionAttack):
             val, train = train.select_sequences(perm[:n_val]), train.select_sequences(np.sort(perm[n_val:]))
         self.mu, self.sd = fit_standardizer(train.hidden, seed=self.seed)
         gram, cross, xm, ym, n = self._moments(train, emb)
-        val = val.head_tokens(int(self.hparams["val_tokens"]))
+        val = val.spread_tokens(int(self.hparams["val_tokens"]))
         xv = standardize(val.hidden, self.mu, self.sd, self.hparams["clip"])  # (Nv, d)
         best = (-1.0, None, None)
         eye = torch.eye(gram.shape[0], dtype=torch.float64)

@@ -122,7 +122,7 @@ class LMPriorBeam(InversionAttack):
         if val is None:
             raise AttackError("lm-beam with lam=auto and a pre-fitted base needs validation taps to choose lam; "
                               "give val taps or a fixed lam (e.g. lam=0.5)")
-        val = val.head_tokens(int(self.hparams["val_tokens"]))
+        val = val.spread_tokens(int(self.hparams["val_tokens"]))
         cand, logp = self._candidates(val, 1)
         grid = {0.0: float((cand[:, 0] == val.token_ids).mean())}  # lam = 0: the base attacker's argmax
         for lam in self.hparams["lams"]:

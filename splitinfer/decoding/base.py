@@ -220,7 +220,7 @@ class Proposer(ABC):
     #: True for a rule that also drafts from the prompt and has the draft verified in the prefill forward, as
     #: transformers' assisted generation does (``prompt-lookup`` with ``at_prefill``). Only :func:`replay`
     #: models it, to count a peer's forwards exactly; the split runtime's prefill carries no draft, so
-    #: :func:`~splitinfer.decoding.verify.decode` refuses such a proposer.
+    #: :func:`splitinfer.client.make_decoding` refuses such a proposer before a session opens.
     drafts_at_prefill = False
     #: How many top tokens (and probabilities) of every verified row's logits the proposer wants in its
     #: :class:`StepFeedback` (0 = none); the verifier computes them from logits it has anyway.

@@ -38,7 +38,6 @@ import torch
 
 from splitinfer.decoding.base import EMPTY, DecodingEnv, Draft, LocalModules, Proposer, StepFeedback
 from splitinfer.decoding.tree import depths, path_to
-from splitinfer.errors import SplitInferError
 from splitinfer.timing import StepTiming
 
 log = logging.getLogger(__name__)
@@ -188,9 +187,6 @@ def decode(
     env: DecodingEnv | None = None,
 ) -> Iterator[VerifiedStep]:
     """Run prefill then verified steps on ``sm`` (a SplitModel with an open session); yield per step."""
-    if proposer.drafts_at_prefill:
-        raise SplitInferError(f"proposer {proposer.name!r} drafts at prefill, which only the replay of transformers' "
-                              "rule models: the split runtime's prefill carries no draft (drop at_prefill)")
     greedy = temperature == 0
     gen = torch.Generator(device="cpu").manual_seed(seed)
 

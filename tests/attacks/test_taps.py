@@ -313,7 +313,26 @@ def test_spread_tokens_draws_on_every_corpus_of_a_pool_where_head_tokens_takes_t
     assert corpus_of(pool.head_tokens(120)) == {0}
     sample = pool.spread_tokens(120)
     assert corpus_of(sample) == {0, 1, 2, 3} and sample.n_tokens <= 120 and len(sample) == 10
-    assert pool.spread_tokens(10_000) is pool
+    assert pool.spread_tokens(10_000) is pool and pool.spread_tokens(pool.n_tokens) is pool
     assert len(pool.spread_tokens(5)) == 1  # at least one whole sequence
-    again = pool.spread_tokens(200)
-    assert again.n_tokens <= 200 and list(again.seq_doc) == sorted(again.seq_doc)  # in pool order
+    assert list(pool.spread_tokens(200).seq_doc) == sorted(pool.spread_tokens(200).seq_doc)  # in pool order
+
+
+@pytest.mark.parametrize("sizes, seq_lens, budget", [
+    ((10, 10, 10, 10), (12, 12, 12, 12), 400),  # a budget just under a whole stride
+    ((9, 3), (100, 100), 350),  # corpora of unequal size
+    ((20, 5, 7), (8, 30, 17), 333),  # unequal sequence lengths
+])
+def test_spread_tokens_gives_each_corpus_its_share_within_one_sequence(sizes, seq_lens, budget) -> None:
+    from attacks.tapdata import Taps
+    from tests.attacks.synth import make_taps
+
+    parts = [make_taps(n_seqs=n, seq_len=m, first_doc=100 * c) for c, (n, m) in enumerate(zip(sizes, seq_lens))]
+    pool = Taps.concat(parts)
+    sample = pool.spread_tokens(budget)
+    assert sample.n_tokens <= budget
+    corpus = [int(sample.documents[d]["doc_id"][3:]) // 100 for d in sample.seq_doc]  # doc ids doc{100c + i}
+    got = np.bincount(corpus, weights=sample.seq_lengths, minlength=len(sizes))
+    for c, part in enumerate(parts):
+        share = part.n_tokens * budget / pool.n_tokens
+        assert abs(got[c] - share) <= seq_lens[c], (c, got[c], share)

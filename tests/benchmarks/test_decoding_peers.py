@@ -25,7 +25,7 @@ def _prompt_whose_answer_copies_the_prompt(model) -> list[int]:
             hits = (nxt == cs).nonzero().flatten().tolist()
             if hits:
                 return batch[hits[0]].tolist()
-    pytest.skip("the tiny model copies no candidate token here")
+    raise AssertionError("no prompt found whose greedy answer copies the prompt: widen the search")
 
 
 def test_the_replay_of_transformers_rule_counts_its_prefill_draft(tiny):

@@ -76,11 +76,17 @@ def test_a_rule_that_drafts_at_prefill_commits_its_draft_in_the_first_step():
     plain = replay(make_proposer("prompt-lookup", **opts), prompt, output, 5, env)
     assert plain[0].tokens_committed == 1 and len(plain) > len(steps)
     assert len(replay(make_proposer("prompt-lookup", **opts, at_prefill=True), prompt, output[:1], 1, env)) == 1
+    two = replay(make_proposer("prompt-lookup", **opts, at_prefill=True), prompt, output[:2], 2, env)
+    assert [s.tokens_committed for s in two] == [2] and two[0].tokens_sent == 6 + 1  # the draft cut to the budget
 
 
 def test_the_split_runtime_refuses_a_prefill_draft(tiny):
+    from splitinfer.client import make_decoding
+
     sm = SplitModel(tiny, "2,2", wire_dtype="fp32")
     with pytest.raises(SplitInferError, match="drafts at prefill"):
         sm.generate(sm.encode_prompt(PROMPT), 4, decoding=make_proposer("prompt-lookup", at_prefill=True))
+    with pytest.raises(SplitInferError, match="drafts at prefill"):
+        make_decoding("prompt-lookup", {"at_prefill": True})
     with pytest.raises(SplitInferError, match="at_prefill must be true or false"):
         make_proposer("prompt-lookup", at_prefill="yes")
