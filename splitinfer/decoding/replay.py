@@ -68,19 +68,12 @@ def replay(
         raise SplitInferError("cannot replay an empty output")
     prompt, output = list(prompt), list(output)
     proposer.begin(list(prompt), env)
-    if proposer.drafts_at_prefill and max_new_tokens > 1:  # transformers: the prefill forward verifies a draft
-        steps = [_verified_step(proposer, prompt, output, max_new_tokens, cost_model, topk, prefill=True)]
-    else:
-        steps = [_timing(cost_model, len(prompt))]
-        steps[0].tokens_committed = 1
-        proposer.update(list(prompt), [output[0]],
-                        StepFeedback(EMPTY, [], [], output[0], steps[0],
-                                     topk_ids=None if topk is None else topk[0][: len(prompt)],
-                                     topk_probs=None if topk is None else topk[1][: len(prompt)]))
+    steps = [_verified_step(proposer, prompt, output, max_new_tokens, cost_model, topk, prefill=True)]
     n_out = steps[0].tokens_committed
+    context = prompt + output[:n_out]
     while n_out < len(output):
-        context = prompt + output[:n_out]
         steps.append(_verified_step(proposer, context, output[n_out:], max_new_tokens - n_out, cost_model, topk))
+        context += output[n_out : n_out + steps[-1].tokens_committed]
         n_out += steps[-1].tokens_committed
     proposer.end(prompt, output)
     return steps
@@ -92,10 +85,12 @@ def _verified_step(proposer: Proposer, context: list[int], truth: list[int], rem
     """One step of the verifier, replayed: draft after ``context``, accept the longest path that agrees with
     ``truth`` (the greedy tokens after ``context``), hand the proposer its feedback; the step's timing.
 
-    ``prefill``: ``context`` is the prompt and the step also sends it (transformers verifies a draft in the
-    prefill forward); otherwise the step sends ``context[-1]`` and the draft.
+    ``prefill``: ``context`` is the prompt and the step sends all of it, with a draft only for a proposer that
+    drafts at prefill (transformers verifies one in the prefill forward; the split runtime never does);
+    otherwise the step sends ``context[-1]`` and the draft.
     """
-    draft = proposer.propose(list(context)) if remaining > 1 else EMPTY
+    drafts = remaining > 1 and (proposer.drafts_at_prefill or not prefill)
+    draft = proposer.propose(list(context)) if drafts else EMPTY
     pruned, kept = prune_draft(draft, max_depth=remaining - 1, max_nodes=1 << 30)
     dep = depths(list(pruned.parents))
     ok: list[bool] = []
