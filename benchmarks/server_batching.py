@@ -32,6 +32,14 @@ Each row's throughput is set against the unbatched server at the same number
 of sessions (``speedup``) and at its best concurrency for that RTT
 (``speedup_vs_best_unbatched``: the unbatched server slows down past a few
 concurrent sessions, so the first ratio flatters batching).
+
+5. **Repeats**: both servers are up at once and every cell is measured
+   ``repeats`` times (default 3), the two modes back to back in alternating
+   order; the rows are medians, and the ratio to the unbatched best is also
+   given per repeat (lowest and highest), since one short run moves it by
+   tenths (an earlier single run gave 2.02x at 8 sessions and RTT 80 ms, the
+   same code an hour before 1.70x, the unbatched best differing). Memory
+   figures come from the first repeat.
 """
 
 from __future__ import annotations
@@ -236,9 +244,18 @@ def _max_diff(a: list, b: list) -> float:
 
 def run_batching(model: str = "default", split: str = "2,2", sessions: tuple[int, ...] = (1, 2, 4, 8, 16),
                  rtts: tuple[float, ...] = (0.0, 80.0), n_tokens: int = 32, wire: str = "fp16",
-                 server_threads: int = 2, batch: BatchConfig = BatchConfig(), batch_invariant: bool = False) -> dict:
-    """The whole benchmark; a JSON-able dict (see the module docstring)."""
+                 server_threads: int = 2, batch: BatchConfig = BatchConfig(), batch_invariant: bool = False,
+                 repeats: int = 3) -> dict:
+    """The whole benchmark; a JSON-able dict (see the module docstring).
+
+    Both servers run side by side (the idle one waits on its socket) and every cell is measured ``repeats``
+    times, the two modes back to back within a repeat and in alternating order, so a drift of the machine's
+    speed over the run falls on both modes alike. ``runs`` keeps every measurement; ``rows`` has one row per
+    (mode, RTT, sessions) with medians over the repeats (:func:`summarise`).
+    """
     batch.validate()
+    if repeats < 1:
+        raise SplitInferError(f"--repeats {repeats}: give an integer >= 1 (each cell is measured that many times)")
     sp = SplitConfig.parse(split)
     loaded = load_model(model)
     t0 = time.perf_counter()
@@ -248,51 +265,98 @@ def run_batching(model: str = "default", split: str = "2,2", sessions: tuple[int
     del loaded
     extra = ("--stats-all", "--batch-window-ms", f"{batch.window_ms:g}",
              *(("--batch-invariant",) if batch_invariant else ()))
-    rows, replies = [], {}
-    for mode, flags in MODES.items():
-        flags = flags or ("--max-batch", str(batch.max_batch))
-        server = ServerProcess(model, split, server_threads, (*extra, *flags))
-        try:
-            measure(server.url, recordings, 1, 0.0)  # warm-up
+    servers: dict[str, ServerProcess] = {}
+    runs, diffs, first = [], {}, {}
+    try:
+        for mode, flags in MODES.items():
+            servers[mode] = ServerProcess(model, split, server_threads,
+                                          (*extra, *(flags or ("--max-batch", str(batch.max_batch)))))
+            measure(servers[mode].url, recordings, 1, 0.0)  # warm-up
+        for rep in range(repeats):
             for rtt in rtts:
                 for k in sessions:
-                    row, got = measure(server.url, recordings, k, rtt)
-                    rows.append({"mode": mode, **row})
-                    replies[mode, rtt, k] = got
-                    log.info("%s rtt %g sessions %d: %.1f body tok/s", mode, rtt, k, row["body_tok_s"])
-        finally:
+                    for mode in (list(MODES) if rep % 2 == 0 else list(MODES)[::-1]):
+                        row, got = measure(servers[mode].url, recordings, k, rtt)
+                        runs.append({"mode": mode, "repeat": rep, **row})
+                        first.setdefault((mode, rtt, k), got)
+                        ref = first.get(("unbatched", rtt, k))
+                        if ref is not None:  # every reply against the unbatched server's first replies
+                            key = (mode, rtt, k)
+                            diffs[key] = max(diffs.get(key, 0.0), _max_diff(got, ref))
+                        log.info("repeat %d %s rtt %g sessions %d: %.1f body tok/s", rep, mode, rtt, k,
+                                 row["body_tok_s"])
+    finally:
+        for server in servers.values():
             server.stop()
-    best = {}  # rtt -> the unbatched server's row at its best concurrency (not its contended one)
-    for r in rows:
-        if r["mode"] == "unbatched" and r["body_tok_s"] > best.get(r["rtt_ms"], {}).get("body_tok_s", -1.0):
-            best[r["rtt_ms"]] = r
-    for row in rows:
-        key = (row["mode"], row["rtt_ms"], row["sessions"])
-        unb = next(r for r in rows if r["mode"] == "unbatched" and (r["rtt_ms"], r["sessions"]) == key[1:])
-        row["speedup"] = row["body_tok_s"] / unb["body_tok_s"]
-        row["speedup_vs_best_unbatched"] = row["body_tok_s"] / best[row["rtt_ms"]]["body_tok_s"]
-        row["best_unbatched_sessions"] = best[row["rtt_ms"]]["sessions"]
-        row["p50_vs_unbatched"] = row["step_ms_p50"] / unb["step_ms_p50"]
-        row["p50_vs_best_unbatched"] = row["step_ms_p50"] / best[row["rtt_ms"]]["step_ms_p50"]
-        row["max_abs_diff"] = _max_diff(replies[key], replies[("unbatched", *key[1:])])
     return {"model": model, "split": split, "wire_dtype": wire, "n_tokens": n_tokens, "prompts": len(PROMPTS),
             "prompt_lengths": [len(r[0][2]["hidden"][0]) for r in recordings], "server_threads": server_threads,
             "max_batch": batch.max_batch, "batch_window_ms": batch.window_ms, "batch_invariant": batch_invariant,
-            "cpus": os.cpu_count(), "record_s": round(record_s, 2), "rows": rows, "compute": compute}
+            "repeats": repeats, "cpus": os.cpu_count(), "record_s": round(record_s, 2),
+            "rows": summarise(runs, diffs), "runs": runs, "compute": compute}
+
+
+def summarise(runs: list[dict], diffs: dict | None = None) -> list[dict]:
+    """One row per (mode, RTT, sessions) from the repeated measurements ``runs``.
+
+    ``body_tok_s``, ``step_ms_p50`` and ``step_ms_p90`` are medians over the repeats (``*_min`` / ``*_max``
+    beside the throughput). Ratios: ``speedup`` against the unbatched server at the same concurrency and
+    ``speedup_vs_best_unbatched`` against its best concurrency for that RTT, both on the medians; and, paired
+    by repeat (each repeat's batched figure over the same repeat's unbatched best),
+    ``speedup_vs_best_unbatched_min`` / ``_max``: the spread a single run would show.
+    """
+    cells: dict[tuple, list[dict]] = {}
+    for r in runs:
+        cells.setdefault((r["mode"], r["rtt_ms"], r["sessions"]), []).append(r)
+    rows = []
+    for (mode, rtt, k), group in cells.items():
+        tok = [r["body_tok_s"] for r in group]
+        row = {key: v for key, v in group[0].items() if key not in ("repeat", "wall_s", "rss_bytes")}
+        row.update({"repeats": len(group), "body_tok_s": statistics.median(tok), "body_tok_s_min": min(tok),
+                    "body_tok_s_max": max(tok),
+                    "step_ms_p50": statistics.median(r["step_ms_p50"] for r in group),
+                    "step_ms_p90": statistics.median(r["step_ms_p90"] for r in group),
+                    "steps": sum(r["steps"] for r in group), "forwards": sum(r["forwards"] for r in group),
+                    "max_abs_diff": (diffs or {}).get((mode, rtt, k), 0.0)})
+        rows.append(row)
+    best = {}  # rtt -> the unbatched server's median row at its best concurrency (not its contended one)
+    for r in rows:
+        if r["mode"] == "unbatched" and r["body_tok_s"] > best.get(r["rtt_ms"], {}).get("body_tok_s", -1.0):
+            best[r["rtt_ms"]] = r
+    best_by_repeat = {}  # (rtt, repeat) -> the unbatched best of that repeat
+    for r in runs:
+        key = (r["rtt_ms"], r["repeat"])
+        if r["mode"] == "unbatched":
+            best_by_repeat[key] = max(best_by_repeat.get(key, 0.0), r["body_tok_s"])
+    for row in rows:
+        rtt, k = row["rtt_ms"], row["sessions"]
+        unb = next(r for r in rows if r["mode"] == "unbatched" and (r["rtt_ms"], r["sessions"]) == (rtt, k))
+        row["speedup"] = row["body_tok_s"] / unb["body_tok_s"]
+        row["speedup_vs_best_unbatched"] = row["body_tok_s"] / best[rtt]["body_tok_s"]
+        paired = [r["body_tok_s"] / best_by_repeat[rtt, r["repeat"]] for r in runs
+                  if (r["mode"], r["rtt_ms"], r["sessions"]) == (row["mode"], rtt, k)]
+        row["speedup_vs_best_unbatched_min"], row["speedup_vs_best_unbatched_max"] = min(paired), max(paired)
+        row["best_unbatched_sessions"] = best[rtt]["sessions"]
+        row["p50_vs_unbatched"] = row["step_ms_p50"] / unb["step_ms_p50"]
+        row["p50_vs_best_unbatched"] = row["step_ms_p50"] / best[rtt]["step_ms_p50"]
+    return rows
 
 
 def format_batching(r: dict) -> str:
     lines = [f"server batching: model {r['model']} split {r['split']}, wire {r['wire_dtype']}, {r['n_tokens']} "
              f"decode steps per session, prompts of {r['prompt_lengths']} tokens, server threads "
              f"{r['server_threads']}, --max-batch {r['max_batch']} --batch-window-ms {r['batch_window_ms']:g}"
-             f"{' --batch-invariant' if r['batch_invariant'] else ''}, {r['cpus']} CPUs", "",
+             f"{' --batch-invariant' if r['batch_invariant'] else ''}, {r['cpus']} CPUs; medians over "
+             f"{r.get('repeats', 1)} repeat(s) of every cell, the modes interleaved; 'range' is the lowest and "
+             "highest ratio one repeat alone gave (its batched figure over its own unbatched best)", "",
              f"{'mode':>9} {'rtt ms':>6} {'sessions':>8} {'body tok/s':>10} {'x unbatched':>11} {'x best unb.':>11} "
+             f"{'range':>11} "
              f"{'steps/forward':>13} {'p50 ms':>7} {'p90 ms':>7} {'p50 x unb.':>10} {'p50 x best':>10} "
              f"{'KV MiB/session':>14} {'RSS MiB/session':>15} {'max |diff|':>10}"]
     for row in r["rows"]:
         per_forward = row["steps"] / row["forwards"] if row["forwards"] else 1.0
         lines.append(f"{row['mode']:>9} {row['rtt_ms']:>6g} {row['sessions']:>8} {row['body_tok_s']:>10.1f} "
                      f"{row['speedup']:>11.2f} {row.get('speedup_vs_best_unbatched', float('nan')):>11.2f} "
+                     f"{_range(row):>11} "
                      f"{per_forward:>13.2f} {row['step_ms_p50']:>7.1f} {row['step_ms_p90']:>7.1f} "
                      f"{row['p50_vs_unbatched']:>10.2f} {row['p50_vs_best_unbatched']:>10.2f} "
                      f"{row['kv_bytes_per_session'] / 2**20:>14.2f} "
@@ -303,6 +367,11 @@ def format_batching(r: dict) -> str:
         lines.append(f"{row['sessions']:>8} {row['one_by_one_ms']:>10.1f} {row['packed_ms']:>8.1f} "
                      f"{row['compute_speedup']:>6.2f}")
     return "\n".join(lines)
+
+
+def _range(row: dict) -> str:
+    lo, hi = row.get("speedup_vs_best_unbatched_min"), row.get("speedup_vs_best_unbatched_max")
+    return "-" if lo is None else f"{lo:.2f}-{hi:.2f}"
 
 
 def batching_document(raw: dict) -> dict:
@@ -316,6 +385,9 @@ def batching_document(raw: dict) -> dict:
         add_metric(doc, run, "speedup", metric(row["speedup"], kind="info"))
         if "speedup_vs_best_unbatched" in row:
             add_metric(doc, run, "speedup_vs_best_unbatched", metric(row["speedup_vs_best_unbatched"], kind="info"))
+        for name in ("speedup_vs_best_unbatched_min", "speedup_vs_best_unbatched_max"):
+            if name in row:
+                add_metric(doc, run, name, metric(row[name], kind="info", n=row["repeats"]))
         for name in ("step_ms_p50", "step_ms_p90"):
             add_metric(doc, run, name, metric(row[name], higher_is_better=False, kind="info", unit="ms",
                                               n=row["steps_timed"]))

@@ -14,7 +14,7 @@ def cmd_batching(args) -> int:
         args.model, args.split, sessions=tuple(args.sessions), rtts=tuple(args.rtt_ms), n_tokens=args.max_new_tokens,
         wire=args.wire_dtype, server_threads=args.server_threads,
         batch=BatchConfig(max_batch=args.max_batch, window_ms=args.batch_window_ms),
-        batch_invariant=args.batch_invariant,
+        batch_invariant=args.batch_invariant, repeats=args.repeats,
     )
     return emit(format_batching(result), lambda: batching_document(result), args.out)
 
@@ -34,5 +34,7 @@ def register(bsub) -> None:
     b.add_argument("--max-batch", type=int, default=16, help="the batched server's --max-batch (default 16)")
     b.add_argument("--batch-window-ms", type=float, default=5.0, help="the servers' --batch-window-ms (default 5)")
     b.add_argument("--batch-invariant", action="store_true", help="both servers with batch-invariant kernels")
+    b.add_argument("--repeats", type=int, default=3,
+                   help="times each cell is measured, the modes interleaved; rows are medians (default %(default)s)")
     b.add_argument("--out", default=None, help="also write the results document (JSON) here")
     b.set_defaults(func=cmd_batching)
