@@ -70,7 +70,8 @@ def run(args: dict) -> list[dict]:
                             "top1": m["value"], "ci": [m["ci_low"], m["ci_high"]], "n": m["n"],
                             "documents": len(set(target.seq_doc.tolist())), "tokens_inverted": int(target.n_tokens),
                             "s_per_token": round(sec / max(1, target.n_tokens), 4), "fit_s": round(fit_s, 1),
-                            "estimated_noise_std": inv.info.get("estimated_noise_std")}
+                            "estimated_noise_std": inv.info.get("estimated_noise_std"),
+                            "fit": {k: v for k, v in atk.fit_report.items() if isinstance(v, (bool, int, float, str))}}
                     print(json.dumps(line), flush=True)
                     out.append(line)
     return out
