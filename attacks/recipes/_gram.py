@@ -9,8 +9,10 @@ public states as the observed ``y_t`` has with the pool's released states, and t
 rounding (:func:`gram_distance`). A wrong token misses by orders of magnitude more, so a match is accepted
 only when it is both under ``tol`` and far below the runner-up (:func:`pick`).
 
-Decoding goes left to right within a sequence (a candidate's state needs the decoded prefix) with the public
-model's next-token distribution under that prefix ranking the candidates; a position where no candidate
+Decoding goes left to right within a sequence (a candidate's state needs the decoded prefix). The caller's
+candidates come in tiers tried in turn: in the attacker, the public model's next-token top-C under the decoded
+prefix, then a proposer's top-C on the observed state turned back as far as the pool allows
+(:meth:`GramPool.estimate`: its projection on the pool's span, exact on that span). A position where no tier
 passes ends the sequence (its later states need the missing token). Every accepted row joins the pool, so the
 test sharpens as it goes; once the pool spans R^d, Procrustes on it gives Q to wire precision
 (:func:`attacks.recipes._align.procrustes`) and matching is ordinary from there.
@@ -22,7 +24,7 @@ the leading directions of a Haar rotation.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -66,6 +68,7 @@ class GramPool:
     sequences: int = 0  # sequences started
     stopped: int = 0  # sequences ended early (no candidate passed)
     _stacked: tuple[torch.Tensor, torch.Tensor] | None = None
+    _back: tuple[int, torch.Tensor] | None = None  # (pool size it was made at, (d, d) released -> public map)
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(n, d), (n, d) float64: the pool's public and released states."""
@@ -73,19 +76,36 @@ class GramPool:
             self._stacked = torch.stack(self.h), torch.stack(self.y)
         return self._stacked
 
+    def estimate(self, y: torch.Tensor, rcond: float = 1e-3, refresh: float = 0.1) -> torch.Tensor:
+        """(d,) released state -> (d,) its public state projected on the span of the pool's public states.
+
+        With ``Y = U S V^T`` (the pool's released states, singular values under ``rcond`` x the largest dropped:
+        they would amplify the wire's rounding), the coefficients ``c = U S^-1 V^T y`` express y in the pool's
+        rows and ``H^T c`` is the public state's projection: the map ``H^T U S^-1 V^T`` is Q^-1 on that span.
+        It is rebuilt when the pool has grown by ``refresh`` since (the estimate is a ranking aid only)."""
+        n = len(self.h)
+        if self._back is None or n > (1 + refresh) * self._back[0]:
+            h, ys = self.tensors()
+            u, sv, vh = torch.linalg.svd(ys, full_matrices=False)  # (n, r), (r,), (r, d)
+            keep = sv > rcond * sv[0]
+            self._back = n, h.T @ (u[:, keep] / sv[keep]) @ vh[keep]  # (d, d)
+        return self._back[1] @ y.double()
+
     def __len__(self) -> int:
         return len(self.h)
 
 
 def gram_decode(sequences: Iterable[tuple[np.ndarray, np.ndarray]], start: Callable[[], None],
-                candidates: Callable[[], np.ndarray], states: Callable[[torch.Tensor, int], torch.Tensor],
+                candidates: Callable[[Callable[[], torch.Tensor]], Iterator[np.ndarray]],
+                states: Callable[[torch.Tensor, int], torch.Tensor],
                 commit: Callable[[int, int], torch.Tensor], target: int, tol: float, ratio: float,
                 min_pool: int = 8) -> GramPool:
     """Decode rows left to right until the pool holds ``target`` rows.
 
     sequences: per sequence, ``(y (T, d) released states, known (T,) public token id or -1)``;
     start(): a new sequence (the caller resets its prefix cache and language model);
-    candidates() -> (C,) token ids to try at the next position, best first (the prior under the prefix);
+    candidates(estimate) -> tiers of (C,) token ids to try at the next position, in turn until one passes;
+    ``estimate()`` gives the position's public state as far as the pool knows it (:meth:`GramPool.estimate`);
     states(tokens (C,), t) -> (C, d) their public states at position t under the decoded prefix;
     commit(token, t) -> (d,) the chosen token's public state at t, now part of the prefix.
     Public rows join the pool as known pairs; a user-text row is matched once the pool holds ``min_pool`` rows.
@@ -116,14 +136,17 @@ def gram_decode(sequences: Iterable[tuple[np.ndarray, np.ndarray]], start: Calla
             if len(pool) < min_pool:
                 pool.stopped += 1
                 break
-            cand = np.asarray(candidates(), dtype=np.int64)  # (C,)
             ph, py = pool.tensors()
-            dist = gram_distance(states(torch.from_numpy(cand), t).double().cpu(), obs, ph, py)  # (C,)
-            j = pick(dist, tol, ratio)
-            if j is None:
+            tok = None
+            for tier in candidates(lambda o=obs: pool.estimate(o)):
+                cand = np.asarray(tier, dtype=np.int64)  # (C,)
+                j = pick(gram_distance(states(torch.from_numpy(cand), t).double().cpu(), obs, ph, py), tol, ratio)
+                if j is not None:
+                    tok = int(cand[j])
+                    break
+            if tok is None:
                 pool.stopped += 1
                 break
-            tok = int(cand[j])
             pool.h.append(commit(tok, t).double().cpu())
             pool.y.append(obs)
             pool.decoded += 1

@@ -210,14 +210,20 @@ class AlignedVocabMatch(AdaptiveVocabMatch):
         lead_added, _ = added_tokens(tok)
         lm = CausalLMPrior(model.model, None if lead_added else (tok.bos_token_id if tok.bos_token_id is not None
                                                                  else tok.eos_token_id))
-        width = min(int(self.hparams["gram_candidates"]), int(model.config.vocab_size))
+        vocab = int(model.config.vocab_size)
+        width = min(int(self.hparams["gram_candidates"]), vocab)
         now: dict[str, object] = {}
 
         def start() -> None:
             now["cache"], now["logp"] = BeamCache(), lm.start(1)
 
-        def candidates() -> np.ndarray:
-            return now["logp"][0].topk(width).indices.numpy()  # the public model's ranking under the prefix
+        def candidates(estimate):
+            first = now["logp"][0].topk(width).indices.numpy()  # the public model's ranking under the prefix
+            yield first
+            guess = Taps(estimate().float()[None].numpy(), np.zeros(1, np.int64), [1], [0], taps.documents[:1], None,
+                         taps.meta)  # the state as far as the known pairs turn it back
+            order = self._candidates(self.proposer.predict_embedding(guess)[0], None, vocab, head=2 * width)
+            yield order[~np.isin(order, first)][:width]  # the proposer's next, those the prior tried left out
 
         def states(tokens: torch.Tensor, t: int) -> torch.Tensor:
             cache = now["cache"]

@@ -77,7 +77,7 @@ def test_decoding_grows_the_pool_until_procrustes_gives_the_basis():
     toy, q = _Toy(), _rotation(12, 5)
     seqs = _sequences(toy, q, n=6, length=10, public=3, seed=0)
     every = np.arange(len(toy.emb))
-    pool = gram_decode([(y, k) for y, k, _ in seqs], toy.start, lambda: every, toy.states, toy.commit,
+    pool = gram_decode([(y, k) for y, k, _ in seqs], toy.start, lambda est: iter([every]), toy.states, toy.commit,
                        target=10_000, tol=1e-3, ratio=0.1, min_pool=3)  # the first session's 3 public rows
     assert pool.decoded == sum(int((k < 0).sum()) for _, k, _ in seqs) and pool.stopped == 0
     h, y = pool.tensors()
@@ -89,12 +89,12 @@ def test_a_missing_candidate_ends_the_sequence_and_a_full_pool_ends_the_run():
     seqs = _sequences(toy, q, n=4, length=10, public=3, seed=1)
     truth = int(seqs[1][2][5])  # sequence 1, position 5 (after 3 public rows and 2 decoded ones)
     without = np.array([v for v in range(len(toy.emb)) if v != truth])
-    pool = gram_decode([(y, k) for y, k, _ in seqs[:2]], toy.start, lambda: without, toy.states, toy.commit,
+    pool = gram_decode([(y, k) for y, k, _ in seqs[:2]], toy.start, lambda est: iter([without]), toy.states, toy.commit,
                        target=10_000, tol=1e-3, ratio=0.1, min_pool=4)
     assert pool.stopped >= 1 and pool.sequences == 2
     assert pool.decoded < sum(int((k < 0).sum()) for _, k, _ in seqs[:2])
     every = np.arange(len(toy.emb))
-    small = gram_decode([(y, k) for y, k, _ in seqs], toy.start, lambda: every, toy.states, toy.commit,
+    small = gram_decode([(y, k) for y, k, _ in seqs], toy.start, lambda est: iter([every]), toy.states, toy.commit,
                         target=12, tol=1e-3, ratio=0.1, min_pool=4)
     assert len(small) == 12 and small.sequences < 4
 
@@ -102,6 +102,39 @@ def test_a_missing_candidate_ends_the_sequence_and_a_full_pool_ends_the_run():
 def test_user_rows_wait_for_the_pool():
     toy, q = _Toy(), _rotation(12, 7)
     seqs = _sequences(toy, q, n=1, length=6, public=0, seed=2)  # no public lead: nothing to test against
-    pool = gram_decode([(y, k) for y, k, _ in seqs], toy.start, lambda: np.arange(40), toy.states, toy.commit,
+    pool = gram_decode([(y, k) for y, k, _ in seqs], toy.start, lambda est: iter([np.arange(40)]), toy.states, toy.commit,
                        target=100, tol=1e-3, ratio=0.1, min_pool=4)
     assert len(pool) == 0 and pool.stopped == 1
+
+
+def test_a_second_tier_is_tried_when_the_first_has_no_match():
+    toy, q = _Toy(), _rotation(12, 8)
+    seqs = _sequences(toy, q, n=3, length=10, public=3, seed=3)
+    every = np.arange(len(toy.emb))
+    tiers = []
+
+    def candidates(estimate):
+        tiers.append(1)
+        yield every[:5]  # almost never the truth
+        tiers.append(2)
+        yield every[5:]
+
+    pool = gram_decode([(y, k) for y, k, _ in seqs], toy.start, candidates, toy.states, toy.commit,
+                       target=10_000, tol=1e-3, ratio=0.1, min_pool=3)
+    assert pool.stopped == 0 and pool.decoded == 21 and tiers.count(2) > 0
+
+
+def test_the_estimate_is_the_projection_on_the_pools_span():
+    from attacks.recipes._gram import GramPool
+
+    g = torch.Generator().manual_seed(9)
+    d, q = 10, _rotation(10, 9)
+    pool = GramPool()
+    basis = torch.randn(4, d, generator=g, dtype=torch.float64)  # the pool spans 4 of 10 dimensions
+    for _ in range(12):
+        h = torch.randn(4, generator=g, dtype=torch.float64) @ basis
+        pool.h.append(h)
+        pool.y.append(h @ q)
+    x = torch.randn(d, generator=g, dtype=torch.float64)
+    proj = basis.T @ torch.linalg.lstsq(basis.T, x[:, None]).solution[:, 0]  # x's projection on the span
+    assert torch.allclose(pool.estimate(x @ q), proj, atol=1e-8)
