@@ -24,22 +24,23 @@ paper's own procedure was not read, so this is our construction):
    by the anchors and the mean (:func:`~attacks.recipes._align.eigen_init`), which pin only the leading
    directions of a Haar rotation (24.2% recovered at head 2 of the default model); it is also the fallback
    when the decoded pairs do not span R^d.
-2. **Aligning the two clouds of states** (``neighbour_rounds``; skipped after a spanning ``gram`` start): pairs of released and public states that are each
-   other's nearest neighbours (cosine) under the current estimate, then Procrustes on the pairs (snapped under
-   ``mode=signed``): the refinement of unsupervised word-embedding alignment (Conneau et al., "Word Translation
-   Without Parallel Data", arXiv 1710.04087). A token's state at a shallow depth is close to the same token's
-   state in another context, so the pairs are mostly right once the estimate is roughly right.
-3. **Self-training Procrustes** (``rounds``; after a spanning ``gram`` start only its convergence measure): turn the states back with the current estimate, decode every
-   position with the ridge proposer (top-1; public positions keep their public token), run the public head on
-   the decoded sequences, keep the rows that fit within twice the ``keep`` quantile of the rows' errors (a wrong
-   token or prefix fits far worse than a right one under a nearly right Q) and solve Procrustes on them (snapped
-   to a signed permutation under ``mode=signed``), as long as the update fits the decoded rows better. It has
-   converged when at least ``min_exact`` of the user-text rows are reproduced to wire rounding (relative residual
-   under ``exact_tol``), which a wrong basis cannot do (public rows are left out of that count: they fit under any
-   basis that fits their few distinct states). The share is small where the proposer is weak, since a row is
-   reproduced only when its token and whole prefix were decoded right: 2.8% of about 18,000 user-text rows at
-   head depth 8 of the default model with the exact basis, 0.0% with a wrong one; hence 1% by default. Decoded
-   tokens pin Q to wire precision, which neighbours in other contexts cannot.
+2. **Aligning the two clouds of states** (``neighbour_rounds``; skipped after a spanning ``gram`` start): pairs of
+   released and public states that are each other's nearest neighbours (cosine) under the current estimate, then
+   Procrustes on the pairs (snapped under ``mode=signed``): the refinement of unsupervised word-embedding alignment
+   (Conneau et al., "Word Translation Without Parallel Data", arXiv 1710.04087). A token's state at a shallow depth
+   is close to the same token's state in another context, so the pairs are mostly right once the estimate is
+   roughly right.
+3. **Self-training Procrustes** (``rounds``; after a spanning ``gram`` start only its convergence measure): turn
+   the states back with the current estimate, decode every position with the ridge proposer (top-1; public
+   positions keep their public token), run the public head on the decoded sequences, keep the rows that fit within
+   twice the ``keep`` quantile of the rows' errors (a wrong token or prefix fits far worse than a right one under a
+   nearly right Q) and solve Procrustes on them (snapped to a signed permutation under ``mode=signed``), as long as
+   the update fits the decoded rows better. It has converged when at least ``min_exact`` of the user-text rows are
+   reproduced to wire rounding (relative residual under ``exact_tol``), which a wrong basis cannot do (public rows
+   are left out of that count: they fit under any basis that fits their few distinct states). The share is small
+   where the proposer is weak, since a row is reproduced only when its token and whole prefix were decoded right:
+   2.8% of about 18,000 user-text rows at head depth 8 of the default model with the exact basis, 0.0% with a wrong
+   one; hence 1% by default. Decoded tokens pin Q to wire precision, which neighbours in other contexts cannot.
 4. Then :class:`AdaptiveVocabMatch` matches on ``y Q^T`` as if it held Q. If the estimate did not converge, every
    position is beam-searched under the elementwise-relative likelihood (``match_tau``), as for private local
    layers, rather than waiting for an exact match that cannot come.

@@ -17,7 +17,8 @@ def _rotation(d: int, seed: int) -> torch.Tensor:
 
 def test_the_features_do_not_see_a_common_rotation():
     g = torch.Generator().manual_seed(0)
-    x, pool = torch.randn(5, 16, generator=g, dtype=torch.float64), torch.randn(9, 16, generator=g, dtype=torch.float64)
+    x = torch.randn(5, 16, generator=g, dtype=torch.float64)
+    pool = torch.randn(9, 16, generator=g, dtype=torch.float64)
     q = _rotation(16, 1)
     assert torch.allclose(invariant_features(x @ q, pool @ q), invariant_features(x, pool), atol=1e-10)
 
@@ -102,8 +103,8 @@ def test_a_missing_candidate_ends_the_sequence_and_a_full_pool_ends_the_run():
 def test_user_rows_wait_for_the_pool():
     toy, q = _Toy(), _rotation(12, 7)
     seqs = _sequences(toy, q, n=1, length=6, public=0, seed=2)  # no public lead: nothing to test against
-    pool = gram_decode([(y, k) for y, k, _ in seqs], toy.start, lambda est: iter([np.arange(40)]), toy.states, toy.commit,
-                       target=100, tol=1e-3, ratio=0.1, min_pool=4)
+    pool = gram_decode([(y, k) for y, k, _ in seqs], toy.start, lambda est: iter([np.arange(40)]), toy.states,
+                       toy.commit, target=100, tol=1e-3, ratio=0.1, min_pool=4)
     assert len(pool) == 0 and pool.stopped == 1
 
 
