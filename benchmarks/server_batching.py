@@ -40,9 +40,6 @@ concurrent sessions, so the first ratio flatters batching).
    tenths (an earlier single run gave 2.02x at 8 sessions and RTT 80 ms, the
    same code an hour before 1.70x, the unbatched best differing). Memory
    figures come from the first repeat.
-6. **The phase hold** (``--batch-phase-ms X``): a third server, batched
-   with ``--batch-phase-ms X`` (mode ``phased``), measured beside the other
-   two in the same repeats.
 """
 
 from __future__ import annotations
@@ -268,20 +265,17 @@ def run_batching(model: str = "default", split: str = "2,2", sessions: tuple[int
     del loaded
     extra = ("--stats-all", "--batch-window-ms", f"{batch.window_ms:g}",
              *(("--batch-invariant",) if batch_invariant else ()))
-    modes = dict(MODES)
-    if batch.phase_ms > 0:  # a third server: batched with the phase hold
-        modes["phased"] = ("--max-batch", str(batch.max_batch), "--batch-phase-ms", f"{batch.phase_ms:g}")
     servers: dict[str, ServerProcess] = {}
     runs, diffs, first = [], {}, {}
     try:
-        for mode, flags in modes.items():
+        for mode, flags in MODES.items():
             servers[mode] = ServerProcess(model, split, server_threads,
                                           (*extra, *(flags or ("--max-batch", str(batch.max_batch)))))
             measure(servers[mode].url, recordings, 1, 0.0)  # warm-up
         for rep in range(repeats):
             for rtt in rtts:
                 for k in sessions:
-                    for mode in (list(modes) if rep % 2 == 0 else list(modes)[::-1]):
+                    for mode in (list(MODES) if rep % 2 == 0 else list(MODES)[::-1]):
                         row, got = measure(servers[mode].url, recordings, k, rtt)
                         runs.append({"mode": mode, "repeat": rep, **row})
                         first.setdefault((mode, rtt, k), got)
@@ -296,8 +290,7 @@ def run_batching(model: str = "default", split: str = "2,2", sessions: tuple[int
             server.stop()
     return {"model": model, "split": split, "wire_dtype": wire, "n_tokens": n_tokens, "prompts": len(PROMPTS),
             "prompt_lengths": [len(r[0][2]["hidden"][0]) for r in recordings], "server_threads": server_threads,
-            "max_batch": batch.max_batch, "batch_window_ms": batch.window_ms, "batch_phase_ms": batch.phase_ms,
-            "batch_invariant": batch_invariant,
+            "max_batch": batch.max_batch, "batch_window_ms": batch.window_ms, "batch_invariant": batch_invariant,
             "repeats": repeats, "cpus": os.cpu_count(), "record_s": round(record_s, 2),
             "rows": summarise(runs, diffs), "runs": runs, "compute": compute}
 
@@ -352,7 +345,6 @@ def format_batching(r: dict) -> str:
     lines = [f"server batching: model {r['model']} split {r['split']}, wire {r['wire_dtype']}, {r['n_tokens']} "
              f"decode steps per session, prompts of {r['prompt_lengths']} tokens, server threads "
              f"{r['server_threads']}, --max-batch {r['max_batch']} --batch-window-ms {r['batch_window_ms']:g}"
-             f"{(' (phased: --batch-phase-ms %g)' % r['batch_phase_ms']) if r.get('batch_phase_ms') else ''}"
              f"{' --batch-invariant' if r['batch_invariant'] else ''}, {r['cpus']} CPUs; medians over "
              f"{r.get('repeats', 1)} repeat(s) of every cell, the modes interleaved; 'range' is the lowest and "
              "highest ratio one repeat alone gave (its batched figure over its own unbatched best)", "",

@@ -13,7 +13,7 @@ def cmd_batching(args) -> int:
     result = run_batching(
         args.model, args.split, sessions=tuple(args.sessions), rtts=tuple(args.rtt_ms), n_tokens=args.max_new_tokens,
         wire=args.wire_dtype, server_threads=args.server_threads,
-        batch=BatchConfig(max_batch=args.max_batch, window_ms=args.batch_window_ms, phase_ms=args.batch_phase_ms),
+        batch=BatchConfig(max_batch=args.max_batch, window_ms=args.batch_window_ms),
         batch_invariant=args.batch_invariant, repeats=args.repeats,
     )
     return emit(format_batching(result), lambda: batching_document(result), args.out)
@@ -33,8 +33,6 @@ def register(bsub) -> None:
     b.add_argument("--server-threads", type=int, default=2, help="OMP_NUM_THREADS of the server (default 2)")
     b.add_argument("--max-batch", type=int, default=16, help="the batched server's --max-batch (default 16)")
     b.add_argument("--batch-window-ms", type=float, default=5.0, help="the servers' --batch-window-ms (default 5)")
-    b.add_argument("--batch-phase-ms", type=float, default=0.0,
-                   help="also measure a batched server with this --batch-phase-ms (mode 'phased'; default 0 = not)")
     b.add_argument("--batch-invariant", action="store_true", help="both servers with batch-invariant kernels")
     b.add_argument("--repeats", type=int, default=3,
                    help="times each cell is measured, the modes interleaved; rows are medians (default %(default)s)")

@@ -24,19 +24,6 @@ nothing is not expected, so it costs nobody the window (issue 30, finding 4:
 one idle session raised a victim's p50 from 2.2 to 303.6 ms at a 300 ms
 window when open sessions were counted).
 
-**The phase hold** (``phase_ms``, ``--batch-phase-ms``; 0 = off). Over a WAN
-the sessions drift out of phase: each comes back one round trip after its
-answer, so groups answered by different forwards keep alternating and each
-forward packs only part of them (3.74 of 8 steps at RTT 80 ms). With a hold,
-the service predicts each connection's next arrival (its last answer plus
-the mean gap between an answer and its next request, an exponential average)
-and a batch also waits, at most ``phase_ms`` past its oldest step, for the
-connections predicted to arrive before then; once two groups have shared a
-forward they are answered together and stay in phase. A connection overdue
-by more than half its usual gap is no longer predicted, so one that stopped
-costs at most one hold. (Our construction, in the spirit of the arrival-aware
-batching of serving systems; Orca batches whatever is ready.)
-
 **Fairness.** A step of more than ``max_step_rows`` rows (a long prefill, a
 large draft tree) does not enter the batching path: it runs on the caller's
 own thread beside the batches, exactly as on the unbatched server, so a
@@ -90,15 +77,12 @@ class BatchConfig:
     window_ms: float = 5.0
     max_rows: int = 512
     max_step_rows: int = 128  # a larger step runs beside the batches, on its caller's thread (fairness)
-    phase_ms: float = 0.0  # the phase hold: wait up to this long past the oldest step for predicted arrivals
 
     def validate(self) -> None:
         if self.max_batch < 1:
             raise SplitInferError(f"--max-batch {self.max_batch}: must be >= 1 (1 = no batching)")
         if not 0 <= self.window_ms <= 1000:
             raise SplitInferError(f"--batch-window-ms {self.window_ms:g}: must be in [0, 1000]")
-        if not 0 <= self.phase_ms <= 1000:
-            raise SplitInferError(f"--batch-phase-ms {self.phase_ms:g}: must be in [0, 1000] (0 = no phase hold)")
         if self.max_rows < 1:
             raise SplitInferError(f"max_rows {self.max_rows}: must be >= 1")
         if self.max_step_rows < 1:
@@ -128,12 +112,9 @@ class BatchScheduler:
     """Runs :class:`BodyStep` s for many threads, packing those that are ready into one forward."""
 
     def __init__(self, body: CloudBody, config: BatchConfig = BatchConfig(),
-                 active_callers: Callable[[], int] = lambda: 1, arrivals: Callable[[], float] = lambda: 0.0):
-        """``active_callers()``: how many steps a batch may wait for (connections in flight, recently answered or
-        predicted to arrive within the phase hold); ``arrivals()``: the latest predicted arrival among them
-        (monotonic seconds; 0 when none is predicted)."""
+                 active_callers: Callable[[], int] = lambda: 1):
         config.validate()
-        self.body, self.config, self._active, self._arrivals = body, config, active_callers, arrivals
+        self.body, self.config, self._active = body, config, active_callers
         self._cv = threading.Condition()
         self._pending: list[_Pending] = []
         self._thread: threading.Thread | None = None
@@ -186,7 +167,8 @@ class BatchScheduler:
                     self._cv.wait()
                 if not self._pending:
                     return
-                while len(self._pending) < self._enough() and (left := self._deadline() - time.monotonic()) > 0:
+                deadline = max(self._pending[0].since, self._last_end) + self.config.window_ms / 1e3
+                while len(self._pending) < self._enough() and (left := deadline - time.monotonic()) > 0:
                     self._cv.wait(left)
                 batch = self._take()
             try:
@@ -198,21 +180,6 @@ class BatchScheduler:
                     if not item.done.is_set():
                         item.error = e
                         item.done.set()
-
-    def _deadline(self) -> float:
-        """When the pending batch starts at the latest: the window after the oldest step (or the previous
-        forward's end), or, with a phase hold, the latest predicted arrival plus the window, up to ``phase_ms``
-        past the oldest."""
-        oldest = self._pending[0].since
-        deadline = max(oldest, self._last_end) + self.config.window_ms / 1e3
-        if self.config.phase_ms > 0:
-            try:
-                predicted = float(self._arrivals())
-            except Exception:
-                predicted = 0.0
-            slack = self.config.window_ms / 1e3  # a prediction is a mean gap: it may come a little late
-            deadline = max(deadline, min(predicted + slack, oldest + self.config.phase_ms / 1e3))
-        return deadline
 
     def _enough(self) -> int:
         try:

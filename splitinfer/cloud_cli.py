@@ -72,8 +72,7 @@ def cmd_serve(args) -> int:
         max_inflight_bytes=None if args.max_inflight_mb is None else int(args.max_inflight_mb * 2**20),
     )
     config.validate()  # before loading anything: refuse a bad or unsafe setup at once
-    batch = BatchConfig(max_batch=args.max_batch, window_ms=args.batch_window_ms, phase_ms=args.batch_phase_ms)
-    batch.validate()
+    BatchConfig(max_batch=args.max_batch, window_ms=args.batch_window_ms).validate()
     for warning in config.warnings():
         log.warning("%s", warning)
     defense = DefenseFlags.from_args(args).pipeline(fresh_secrets=True)
@@ -83,7 +82,7 @@ def cmd_serve(args) -> int:
                            args.batch_invariant)
     service = make_service(body, info, args.max_sessions, args.max_context, args.idle_timeout_s,
                            int(args.max_frame_mb * 2**20), args.max_sessions_per_connection, args.stats_all,
-                           batch)
+                           BatchConfig(max_batch=args.max_batch, window_ms=args.batch_window_ms))
     service.set_defense(defense)  # the cloud's side: quantised frames, reply noise
     log.info("body of %s split %s: layers %d..%d, sha256 %s", args.model, split, body.first_layer,
              body.first_layer + len(body.layers) - 1, info.body_sha256[:16])
@@ -213,9 +212,6 @@ def register(sub) -> None:
                    help="sessions' body steps run as one packed forward (1 = no batching; default %(default)s)")
     s.add_argument("--batch-window-ms", type=float, default=5.0,
                    help="how long the first ready step waits for other sessions' steps (default %(default)s)")
-    s.add_argument("--batch-phase-ms", type=float, default=0.0,
-                   help="over a WAN: a batch also waits, up to this long, for sessions predicted to send their next "
-                        "step by then, which brings sessions back into phase (0 = off; default %(default)s)")
     add_defense_args(s)
     s.set_defaults(func=cmd_serve)
 

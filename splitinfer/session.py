@@ -88,7 +88,6 @@ class BodyService:
         self.last_work: dict[object, float] = {}  # owner -> monotonic time of its last real work
         self._in_flight: dict[object, int] = {}  # owner -> forwards it has in flight
         self._answered: dict[object, float] = {}  # owner -> monotonic time its last forward was answered
-        self._gap: dict[object, float] = {}  # owner -> mean seconds from an answer to its next request (EWMA)
         self._lock = threading.Lock()
         self._stats_lock = threading.Lock()
         self.stats = {"requests": 0, "errors": 0, "forwards": 0, "tokens": 0, "sessions_opened": 0}
@@ -97,7 +96,7 @@ class BodyService:
         self.dtype, self.device = param.dtype, param.device
         if bi.is_enabled(body):  # packed forwards stay within the rows the kernels were probed for
             batch = replace(batch, max_rows=min(batch.max_rows, bi.MAX_ROWS))
-        self.scheduler = BatchScheduler(body, batch, self._expected_callers, self._latest_arrival)
+        self.scheduler = BatchScheduler(body, batch, self._expected_callers)
 
     @property
     def body(self) -> CloudBody:
@@ -112,41 +111,14 @@ class BodyService:
         """Owners whose step the batch scheduler may wait for: a forward in flight, or one answered less than
         the batch window ago (likely to send the next within it). An owner that holds a session and sends
         nothing is not counted, so it makes nobody wait the window (issue 30, finding 4)."""
-        now = time.monotonic()
-        recent = now - self.scheduler.config.window_ms / 1e3
+        recent = time.monotonic() - self.scheduler.config.window_ms / 1e3
         with self._stats_lock:
             owners = {o for o, n in self._in_flight.items() if n > 0}
             owners |= {o for o, t in self._answered.items() if t >= recent}
-            owners |= set(self._predicted(now))
         return len(owners)
-
-    def _predicted(self, now: float) -> dict[object, float]:
-        """Owners not in flight predicted to send their next step within the phase hold -> the predicted time
-        (their last answer plus their usual gap); one overdue by more than half its gap is not predicted.
-        Empty without a phase hold. Call with ``_stats_lock`` held."""
-        hold = self.scheduler.config.phase_ms / 1e3
-        if hold <= 0:
-            return {}
-        out = {}
-        for o, t in self._answered.items():
-            gap = self._gap.get(o)
-            if gap is None or self._in_flight.get(o, 0) > 0:
-                continue
-            due = t + gap
-            if now - 0.5 * gap <= due <= now + hold:
-                out[o] = due
-        return out
-
-    def _latest_arrival(self) -> float:
-        """The latest predicted arrival within the phase hold (monotonic seconds), 0.0 when none."""
-        with self._stats_lock:
-            return max(self._predicted(time.monotonic()).values(), default=0.0)
 
     def _track(self, owner, delta: int) -> None:
         with self._stats_lock:
-            if delta > 0 and self._in_flight.get(owner, 0) == 0 and owner in self._answered:  # its next request
-                gap = time.monotonic() - self._answered[owner]
-                self._gap[owner] = gap if owner not in self._gap else 0.5 * (self._gap[owner] + gap)
             n = self._in_flight.get(owner, 0) + delta
             if n > 0:
                 self._in_flight[owner] = n
@@ -378,7 +350,6 @@ class BodyService:
             self.last_work.pop(owner, None)
         with self._stats_lock:
             self._answered.pop(owner, None)
-            self._gap.pop(owner, None)
         return len(mine)
 
     def expire_idle(self) -> int:

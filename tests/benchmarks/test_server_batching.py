@@ -75,14 +75,3 @@ def test_bad_batch_setting_is_one_line(capsys):
     assert main(["bench", "batching", "--model", "tiny-random", "--max-batch", "0"]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--max-batch" in err[0]
-
-
-def test_a_phase_hold_adds_a_third_server_beside_the_two(tiny, tmp_path):
-    out = tmp_path / "phased.json"
-    assert main(["bench", "batching", "--model", "tiny-random", "--sessions", "2", "--rtt-ms", "20", "--repeats", "1",
-                 "--max-new-tokens", str(N_TOKENS), "--batch-phase-ms", "30", "--out", str(out)]) == 0
-    doc = schema.load(out)
-    modes = {row["mode"] for row in doc["data"]["rows"]}
-    assert modes == {"unbatched", "batched", "phased"} and doc["data"]["batch_phase_ms"] == 30.0
-    phased = next(r for r in doc["data"]["rows"] if r["mode"] == "phased")
-    assert phased["max_abs_diff"] < 1e-3 and phased["body_tokens"] > 0

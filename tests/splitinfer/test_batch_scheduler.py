@@ -161,51 +161,8 @@ def test_a_lone_step_does_not_wait_for_callers_that_never_come(body):
         scheduler.run(_step(body, 1, 1, 0))
 
 
-def _late_pair(scheduler, body, delay_s: float):
-    """Step 0 now, step 1 ``delay_s`` later, each from its own thread; their results."""
-    import time
-
-    steps, results = [_step(body, 2, 1, 0), _step(body, 4, 1, 1)], [None, None]
-
-    def call(i):
-        if i:
-            time.sleep(delay_s)
-        results[i] = scheduler.run(steps[i])
-
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    return results
-
-
-def test_the_phase_hold_waits_for_a_predicted_arrival(body):
-    """Two sessions out of phase (the second comes 50 ms after the first): with the window alone they run as two
-    forwards; with a phase hold and the second predicted to arrive within it, they share one."""
-    import time
-
-    state = {"due": 0.0}
-
-    def predicted():
-        return state["due"]
-
-    window = BatchScheduler(body, BatchConfig(max_batch=8, window_ms=5), lambda: 1, predicted)
-    state["due"] = time.monotonic() + 0.05
-    assert [r.batch for r in _late_pair(window, body, 0.05)] == [1, 1]  # no hold: the prediction is not read
-    held = BatchScheduler(body, BatchConfig(max_batch=8, window_ms=5, phase_ms=200), lambda: 2, predicted)
-    state["due"] = time.monotonic() + 0.05
-    assert [r.batch for r in _late_pair(held, body, 0.05)] == [2, 2]
-    short = BatchScheduler(body, BatchConfig(max_batch=8, window_ms=5, phase_ms=10), lambda: 2, predicted)
-    state["due"] = time.monotonic() + 0.05
-    assert [r.batch for r in _late_pair(short, body, 0.05)] == [1, 1]  # predicted past the hold: no waiting
-    for s in (window, held, short):
-        s.close()
-
-
 @pytest.mark.parametrize("config, message", [(BatchConfig(max_batch=0), "--max-batch"),
-                                             (BatchConfig(window_ms=-1), "--batch-window-ms"),
-                                             (BatchConfig(phase_ms=2000), "--batch-phase-ms")])
+                                             (BatchConfig(window_ms=-1), "--batch-window-ms")])
 def test_bad_settings_are_one_line_errors(config, message):
     with pytest.raises(SplitInferError, match=message):
         config.validate()
