@@ -41,6 +41,18 @@ class CausalLMPrior:
         self.cache = out.past_key_values
         return torch.log_softmax(out.logits[:, -1].float(), dim=-1).cpu()  # (R, V)
 
+    @classmethod
+    def for_text(cls, loaded: Any) -> CausalLMPrior:
+        """The public model of ``loaded`` (a LoadedModel) as a prior over its tokenised text: it starts from the
+        BOS (else the EOS) unless the tokenizer puts one in the text itself (the text then begins with it, and
+        the prior on the first position is flat)."""
+        from splitinfer.tokens import added_tokens
+
+        tok = loaded.tokenizer
+        prefix, _ = added_tokens(tok)
+        start = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+        return cls(loaded.model, None if prefix else start)
+
     def start(self, rows: int) -> torch.Tensor:
         self.cache = None
         if self.start_id is None:

@@ -40,7 +40,6 @@ from attacks.recipes.vocab_match_whitened import WhitenedVocabMatch
 from attacks.registry import register_attack
 from attacks.tapdata import Taps
 from splitinfer.defenses.noise import clip_rows
-from splitinfer.tokens import added_tokens
 
 SCALES = ("public", "states")
 
@@ -88,10 +87,7 @@ class LMPriorMatch(WhitenedVocabMatch):
     def language_prior(self) -> tuple[Any, float]:
         """The public model over the beams; it starts from the BOS unless the tokenizer puts one in the text
         itself (the taps then begin with it, matched like any token, and the prior starts flat)."""
-        tok = self._need_model().tokenizer
-        prefix, _ = added_tokens(tok)
-        start = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
-        return CausalLMPrior(self.model.model, None if prefix else start), float(self.hparams["lam"])
+        return CausalLMPrior.for_text(self._need_model()), float(self.hparams["lam"])
 
     def _beam_invert(self, taps: Taps, k: int):
         if self.hparams["noise_scale"] == "states":  # the scale from the observed states, not the spec

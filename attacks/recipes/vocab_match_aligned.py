@@ -119,7 +119,7 @@ class AlignedVocabMatch(AdaptiveVocabMatch):
         states depend on public tokens only, so the attacker computes them exactly)."""
         pub, obs = [], []
         for s, seq in taps.sequences():
-            lead = seq.stop - seq.start if known[seq].all() else int(np.argmin(known[seq]))
+            lead = _public_lead(known[seq])
             if lead:
                 rows = slice(seq.start, seq.start + lead)
                 run = Taps(taps.hidden[rows], taps.token_ids[rows], [lead], [0], [taps.documents[int(taps.seq_doc[s])]],
@@ -200,17 +200,12 @@ class AlignedVocabMatch(AdaptiveVocabMatch):
         from attacks.recipes._beam import CausalLMPrior
         from attacks.recipes._match_beam import BeamCache
         from attacks.taps import TruncatedForward
-        from splitinfer.tokens import added_tokens
-
         model = self._need_model()
         d = taps.hidden_size
         depth = int(self.meta.get("depth") or taps.meta.get("depth"))
         device = next(model.model.parameters()).device
         stack, embed = TruncatedForward(model.model, depth).eval(), model.model.get_input_embeddings()
-        tok = model.tokenizer
-        lead_added, _ = added_tokens(tok)
-        lm = CausalLMPrior(model.model, None if lead_added else (tok.bos_token_id if tok.bos_token_id is not None
-                                                                 else tok.eos_token_id))
+        lm = CausalLMPrior.for_text(model)
         vocab = int(model.config.vocab_size)
         width = min(int(self.hparams["gram_candidates"]), vocab)
         now: dict[str, object] = {}
@@ -239,18 +234,18 @@ class AlignedVocabMatch(AdaptiveVocabMatch):
             return h
 
         ids = np.asarray(taps.token_ids, dtype=np.int64)
-        seqs = []
-        for _, rows in taps.sequences():
-            lead = int(np.argmin(known[rows])) if not known[rows].all() else rows.stop - rows.start
-            seqs.append((-lead, rows.start, rows))  # sessions with the longest public lead first: they seed the pool
+        seqs = sorted((rows for _, rows in taps.sequences()),  # the longest public lead first: it seeds the pool
+                      key=lambda rows: (-_public_lead(known[rows]), rows.start))
         order = [(np.asarray(taps.hidden[rows], dtype=np.float64), np.where(known[rows], ids[rows], -1))
-                 for _, _, rows in sorted(seqs, key=lambda s: s[:2])]
+                 for rows in seqs]
         target = 2 * d if self.hparams["gram_rows"] == "auto" else int(self.hparams["gram_rows"])
         pool = gram_decode(order, start, candidates, states, commit, target, float(self.hparams["gram_tol"]),
                            float(self.hparams["gram_ratio"]))
-        ph, py = pool.tensors() if len(pool) else (torch.zeros(0, d, dtype=torch.float64),) * 2
-        sv = torch.linalg.svdvals(ph) if len(pool) else torch.zeros(1, dtype=torch.float64)
-        spans = len(pool) >= d and float(sv[-1]) > 1e-6 * float(sv[0])
+        spans = False
+        if len(pool) >= d:
+            ph, py = pool.tensors()
+            sv = torch.linalg.svdvals(ph)
+            spans = float(sv[-1]) > 1e-6 * float(sv[0])
         self.fit_report.update(gram_rows=len(pool), gram_decoded=pool.decoded, gram_public=pool.public,
                                gram_sequences=pool.sequences, gram_stopped=pool.stopped, gram_spans=spans)
         log.info("vocab-match-aligned: %d pairs by inner-product matching (%d decoded, %d public) over %d sessions, "
@@ -262,3 +257,8 @@ class AlignedVocabMatch(AdaptiveVocabMatch):
         seen = taps if self.traffic is None else Taps.concat([self.traffic, taps])  # every released state it holds
         self.basis = self.estimate_basis(seen)
         return super()._invert(taps, k)
+
+
+def _public_lead(known: np.ndarray) -> int:
+    """(T,) bool public mask of one sequence -> how many of its leading positions are public."""
+    return len(known) if known.all() else int(np.argmin(known))
