@@ -18,18 +18,22 @@ import logging
 import sys
 import time
 
+import numpy as np
 import torch
 
+from attacks.base import Inversion
 from attacks.defended import as_public, attacker_view, defend_taps, resent_taps, show_traffic, victim_model
 from attacks.evaluate import prior_from_taps, score
 from attacks.recipes.vocab_match import scoring_subset
 from attacks.registry import make_attack
+from attacks.tapdata import Taps
 from benchmarks.stage_defenses import median_clip, split_taps
 from splitinfer.defenses import DefensePipeline
 from splitinfer.defenses.base import format_items
 from splitinfer.models import load_model
 
-BASE = {"proposer_tokens": 4000, "random_tokens": 2048}  # the quick suite's proposer options
+# the quick suite's proposer options when docs/defenses.md's speed figures were measured
+BASE = {"proposer_tokens": 4000, "random_tokens": 2048}
 NO_PROPOSER = ("relaxed-inversion",)
 
 
@@ -68,12 +72,26 @@ def run(args: dict) -> list[dict]:
                               prior=prior_from_taps(train[a]))["token_acc_top1"]
                     line = {"depth": a, "defense": pipe.label, "attack": recipe, "options": opts, "repeats": r,
                             "top1": m["value"], "ci": [m["ci_low"], m["ci_high"]], "n": m["n"],
+                            **_seen_apart(atk, inv, target, int(loaded.config.vocab_size)),
                             "documents": len(set(target.seq_doc.tolist())), "tokens_inverted": int(target.n_tokens),
                             "s_per_token": round(sec / max(1, target.n_tokens), 4), "fit_s": round(fit_s, 1),
                             "estimated_noise_std": inv.info.get("estimated_noise_std"),
                             "fit": {k: v for k, v in atk.fit_report.items() if isinstance(v, (bool, int, float, str))}}
                     print(json.dumps(line), flush=True)
                     out.append(line)
+    return out
+
+
+def _seen_apart(atk, inv: Inversion, target: Taps, vocab: int) -> dict:
+    """For an attacker that sees only some positions (``shard-infill``): top-1 on those it sees and on the rest."""
+    if not hasattr(atk, "visible_rows"):
+        return {}
+    out = {}
+    for name, rows in (("seen", atk.visible_rows(target)), ("unseen", ~atk.visible_rows(target))):
+        idx = np.flatnonzero(rows)
+        sub = Inversion(inv.tokens[idx], inv.topk[idx], inv.scores[idx], inv.info)
+        m = score(sub, target, vocab_size=vocab, rows=idx)["token_acc_top1"]
+        out[f"top1_{name}"], out[f"ci_{name}"], out[f"n_{name}"] = m["value"], [m["ci_low"], m["ci_high"]], m["n"]
     return out
 
 

@@ -76,13 +76,15 @@ class BeamResult:
     rows: int  # (beam, candidate) rows run through the local layers
 
 
-def beam_match(n_pos: int, candidates: Callable[[int], np.ndarray],
+def beam_match(n_pos: int, candidates: Callable[[int], np.ndarray | None],
                forward: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor],
                loglik: Callable[[torch.Tensor, int], torch.Tensor], commit: Callable[[int], None], width: int,
-               max_batch: int, k: int, lm: Any = None, lam: float = 0.0) -> BeamResult:
+               max_batch: int, k: int, lm: Any = None, lam: float = 0.0, lm_top: int = 0) -> BeamResult:
     """Beam search over ``n_pos`` positions of one sequence.
 
-    candidates(t) -> (C,) token ids tried at position t (the same for every beam);
+    candidates(t) -> (C,) token ids tried at position t (the same for every beam), or None: then the union of
+    the ``lm_top`` likeliest next tokens under each live beam's prefix (a position without evidence of its
+    own, e.g. one the attacker does not see; needs ``lm``);
     forward(src (B,), tokens (B,), t) -> (B, d) states of rows extending beam ``src[b]`` with ``tokens[b]``;
     loglik(states (B, d), t) -> (B,) log-likelihood of the observed state at t given each row;
     commit(t): the rows of the last ``forward`` call become the beams (the search re-runs the survivors);
@@ -93,9 +95,15 @@ def beam_match(n_pos: int, candidates: Callable[[int], np.ndarray],
     lm_lp = lm.start(width) if lm is not None else None  # (W, V)
     back_parent, back_token, ranks, rows_run = [], [], [], 0
     for t in range(n_pos):
-        cand = torch.as_tensor(np.asarray(candidates(t), dtype=np.int64))  # (C,)
-        n_c = len(cand)
         live = torch.nonzero(torch.isfinite(score)).flatten()  # (W',) beams worth extending
+        proposed = candidates(t)
+        if proposed is None:
+            if lm is None or lm_top < 1:
+                raise ValueError("beam_match: candidates(t) gave None, which needs a language-model prior and "
+                                 "lm_top >= 1")
+            proposed = torch.unique(lm_lp[live].topk(min(lm_top, lm_lp.shape[-1]), dim=-1).indices).numpy()
+        cand = torch.as_tensor(np.asarray(proposed, dtype=np.int64))  # (C,)
+        n_c = len(cand)
         src = live.repeat_interleave(n_c)  # (W'*C,)
         tok = cand.repeat(len(live))  # (W'*C,)
         ll = torch.cat([loglik(forward(src[a: a + max_batch], tok[a: a + max_batch], t), t).double().cpu()

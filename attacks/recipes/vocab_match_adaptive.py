@@ -219,6 +219,12 @@ class AdaptiveVocabMatch(VocabMatch):
         """(an LM prior over ``beam`` rows, its weight); none here (see ``lm-prior-match``)."""
         return None, 0.0
 
+    def hidden(self, t: int) -> bool:
+        """Whether position ``t`` of a sequence is one this attacker does not see (no evidence there: the beam
+        takes the language prior's likeliest tokens and scores them by the prior alone); none here (see
+        ``shard-infill``)."""
+        return False
+
     @torch.no_grad()
     def _beam_invert(self, taps: Taps, k: int) -> Inversion:
         """Beam search over positions (:func:`beam_match`) with every candidate scored by its likelihood."""
@@ -240,7 +246,9 @@ class AdaptiveVocabMatch(VocabMatch):
             obs = torch.as_tensor(np.asarray(taps.hidden[rows], dtype=np.float32), device=device)  # (T, d)
             cache = BeamCache()
 
-            def candidates(t: int, start: int = rows.start) -> np.ndarray:
+            def candidates(t: int, start: int = rows.start) -> np.ndarray | None:
+                if self.hidden(t):
+                    return None  # the language prior's likeliest tokens under each beam (beam_match)
                 y_row = None if ys is None else ys[start + t]
                 x_row = None if extra is None else extra[start + t]
                 return self._candidates(y_row, x_row, vocab, head=cap)[:cap]
@@ -251,13 +259,15 @@ class AdaptiveVocabMatch(VocabMatch):
                 return h[:, 0].float()  # (B, d)
 
             def loglik(h: torch.Tensor, t: int, obs: torch.Tensor = obs) -> torch.Tensor:
+                if self.hidden(t):
+                    return torch.zeros(h.shape[0], device=h.device)  # nothing observed at t
                 ll = self.log_likelihood(h, obs[t], t)  # (B,)
                 if self.releases_public:  # the exact reproduction of an untouched public row is certain
                     ll = torch.where(self.untouched(h, obs[t]), torch.zeros_like(ll), ll)
                 return ll
 
             res = beam_match(rows.stop - rows.start, candidates, forward, loglik, cache.commit, int(hp["beam"]),
-                             int(hp["max_batch"]), k, lm, lam)
+                             int(hp["max_batch"]), k, lm, lam, int(hp.get("lm_top", 0)))
             topk[rows], scores[rows], rows_run = res.topk, res.scores, rows_run + res.rows
         seconds = time.perf_counter() - t0
         info = {"seconds": round(seconds, 3), "seconds_per_token": seconds / max(n, 1), "search": "beam",

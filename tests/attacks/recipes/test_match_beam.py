@@ -73,3 +73,37 @@ def test_topk_scores_follow_the_paths_prefix():
     res = _run(obs, width=3, k=3)
     assert res.path.tolist() == [2, 2]
     assert np.all(np.diff(res.scores[1]) <= 0) and res.scores.shape == (2, 3)
+
+
+class OpeningLM:
+    """A prior that ranks token 1 first and token 2 second at the start, flat afterwards."""
+
+    def start(self, rows):
+        return torch.log(torch.tensor([[0.2, 0.5, 0.3]]).repeat(rows, 1))
+
+    def step(self, tokens, parents):
+        return torch.log(torch.full((len(tokens), 3), 1 / 3))
+
+
+def _hidden_first(obs, lm_top, lm=None):
+    """Position 0 unseen (candidates None, no evidence), position 1 seen."""
+    toy = Toy()
+
+    def loglik(h, t):
+        return torch.zeros(h.shape[0]) if t == 0 else -((h - obs[t]) ** 2).sum(-1) / 0.1
+
+    return beam_match(len(obs), lambda t: None if t == 0 else np.arange(3), toy.forward, loglik, toy.commit, 3, 4,
+                      2, lm, 1.0, lm_top)
+
+
+def test_an_unseen_position_is_filled_from_the_prior_and_settled_by_the_next_seen_one():
+    obs = torch.tensor([[0.0, 0.0], [1.0, 3.0]])  # t = 1 is token 1 after token 2 (the prior's second choice)
+    assert _hidden_first(obs, lm_top=2, lm=OpeningLM()).path.tolist() == [2, 1]
+    assert _hidden_first(obs, lm_top=1, lm=OpeningLM()).path[0] == 1  # beyond the prior's first: never tried
+
+
+def test_an_unseen_position_needs_a_prior():
+    import pytest
+
+    with pytest.raises(ValueError, match="language-model prior"):
+        _hidden_first(torch.zeros(2, 2), lm_top=2)
