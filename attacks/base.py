@@ -146,6 +146,20 @@ class Attack(ABC):
             self.meta.update(model=model.spec, model_sha256=model.sha256, num_layers=model.num_layers,
                              vocab_size=int(model.config.vocab_size))
 
+    def require_int(self, key: str, low: int = 1, why: str = "") -> int:
+        """The integer hyper-parameter ``key`` (a bool is refused), else an AttackError naming it and the bound."""
+        value = self.hparams[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise AttackError(f"{self.name} {key}={value!r}; give an integer >= {low}{why}")
+        return value
+
+    def require_number(self, key: str, low: float = 0, why: str = "") -> float:
+        """The numeric hyper-parameter ``key`` >= ``low`` (a bool is refused), else an AttackError naming it."""
+        value = self.hparams[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
+            raise AttackError(f"{self.name} {key}={value!r}; give a number >= {low:g}{why}")
+        return value
+
     # ------------------------------------------------------------ description
     @classmethod
     def describe(cls) -> dict[str, Any]:

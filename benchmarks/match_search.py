@@ -86,8 +86,8 @@ def _seen_apart(atk, inv: Inversion, target: Taps, vocab: int) -> dict:
     """For an attacker that sees only some positions (``shard-infill``): top-1 on those it sees and on the rest."""
     if not hasattr(atk, "visible_rows"):
         return {}
-    out = {}
-    for name, rows in (("seen", atk.visible_rows(target)), ("unseen", ~atk.visible_rows(target))):
+    out, seen = {}, atk.visible_rows(target)
+    for name, rows in (("seen", seen), ("unseen", ~seen)):
         idx = np.flatnonzero(rows)
         sub = Inversion(inv.tokens[idx], inv.topk[idx], inv.scores[idx], inv.info)
         m = score(sub, target, vocab_size=vocab, rows=idx)["token_acc_top1"]

@@ -70,8 +70,7 @@ class LMPriorBeam(InversionAttack):
         if not isinstance(hp["base_options"], dict):
             raise AttackError(f"lm-beam base_options={hp['base_options']!r}; give base.KEY=VALUE options instead")
         for key in ("candidates", "beam", "val_tokens", "batch_sequences"):
-            if isinstance(hp[key], bool) or not isinstance(hp[key], int) or hp[key] < 1:
-                raise AttackError(f"lm-beam {key}={hp[key]!r}; give an integer >= 1")
+            self.require_int(key)
         if hp["beam"] > hp["candidates"]:
             raise AttackError(f"lm-beam beam={hp['beam']} exceeds candidates={hp['candidates']}; give "
                               f"candidates >= beam")

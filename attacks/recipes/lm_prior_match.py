@@ -63,9 +63,7 @@ class LMPriorMatch(WhitenedVocabMatch):
         super().__init__(**kwargs)
         if self.hparams["noise_scale"] not in SCALES:
             raise AttackError(f"lm-prior-match noise_scale={self.hparams['noise_scale']!r}; choose public or states")
-        lam = self.hparams["lam"]
-        if isinstance(lam, bool) or not isinstance(lam, (int, float)) or lam < 0:
-            raise AttackError(f"lm-prior-match lam={lam!r}; give a number >= 0 (the prior's weight)")
+        self.require_number("lam", 0, " (the prior's weight)")
         self.clean_sq = None  # mean ||clip(h)||^2 of the public model's states of the training text
 
     def _fit(self, train: Taps, val: Taps | None, trainer: Any) -> None:

@@ -59,9 +59,7 @@ class RelaxedInversion(InversionAttack):
             raise AttackError(f"relaxed-inversion: {e}") from None
         if self.defense.get("permute") is not None:
             raise AttackError("relaxed-inversion does not undo permute; use vocab-match-adaptive there")
-        for key in ("steps",):
-            if isinstance(self.hparams[key], bool) or not isinstance(self.hparams[key], int) or self.hparams[key] < 1:
-                raise AttackError(f"relaxed-inversion {key}={self.hparams[key]!r}; give an integer >= 1")
+        self.require_int("steps")
         for key in ("lr", "tau"):
             if not isinstance(self.hparams[key], (int, float)) or self.hparams[key] <= 0:
                 raise AttackError(f"relaxed-inversion {key}={self.hparams[key]!r}; give a number > 0")

@@ -63,9 +63,7 @@ class SessionAverage(WhitenedVocabMatch):
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
-        r = self.hparams["repeats"]
-        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
-            raise AttackError(f"session-average repeats={r!r}; give an integer >= 1 (sessions resending the text)")
+        self.require_int("repeats", 1, " (sessions resending the text)")
         self.repeats_seen = 1
         self.fit_repeats = 1  # sessions averaged in the releases the attacker was fitted on
 

@@ -54,29 +54,22 @@ class ShardInfill(AdaptiveVocabMatch):
     defaults = {**AdaptiveVocabMatch.defaults, "shards": 2, "party": 0, "lam": 1.0, "lm_top": 32, "beam": 16,
                 "max_candidates": 256}
 
+    never_exact = True  # no exact match through a gap the party cannot see: always the beam, capped as asked
+
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
-        hp = self.hparams
-        for key, low in (("shards", 2), ("lm_top", 1)):
-            if isinstance(hp[key], bool) or not isinstance(hp[key], int) or hp[key] < low:
-                raise AttackError(f"shard-infill {key}={hp[key]!r}; give an integer >= {low}")
-        if isinstance(hp["party"], bool) or not isinstance(hp["party"], int) or not 0 <= hp["party"] < hp["shards"]:
-            raise AttackError(f"shard-infill party={hp['party']!r}; give an integer in [0, shards - 1]")
-        lam = hp["lam"]
-        if isinstance(lam, bool) or not isinstance(lam, (int, float)) or lam < 0:
-            raise AttackError(f"shard-infill lam={lam!r}; give a number >= 0 (the prior's weight)")
-        # no exact match through a gap the party cannot see: always the beam, with the cap asked for
-        # (the parent lifts it for the exact cases, and the undefended victim is one)
-        self.inexact = True
-        cap = kwargs.get("max_candidates", self.defaults["max_candidates"])
-        hp["max_candidates"] = None if cap == "auto" else cap
+        shards = self.require_int("shards", 2)
+        self.require_int("lm_top")
+        if self.require_int("party", 0) >= shards:
+            raise AttackError(f"shard-infill party={self.hparams['party']!r}; give an integer in [0, shards - 1]")
+        self.require_number("lam", 0, " (the prior's weight)")
 
     def hidden(self, t: int) -> bool:
         return party_of(t, int(self.hparams["shards"])) != int(self.hparams["party"])
 
     def visible_rows(self, taps: Taps) -> np.ndarray:
         """(N,) bool: the taps' rows this party sees."""
-        return np.array([not self.hidden(int(t)) for t in taps.positions()], dtype=bool)
+        return party_of(np.asarray(taps.positions()), int(self.hparams["shards"])) == int(self.hparams["party"])
 
     def language_prior(self) -> tuple[Any, float]:
         return CausalLMPrior.for_text(self._need_model()), float(self.hparams["lam"])

@@ -83,6 +83,7 @@ class AdaptiveVocabMatch(VocabMatch):
     """White-box (exact), adaptive: vocab-match with the known defense's likelihood (noise) or quantiser."""
 
     adaptive = True
+    never_exact = False  # a subclass that cannot match exactly whatever the defense (shard-infill's unseen gaps)
     defaults = {**VocabMatch.defaults, "defense": "none", "max_candidates": "auto", "batch_sizes": [64, 960],
                 "beam": 4, "full_vocab_max": 4096, "capped_candidates": 1024, "match_tau": 0.1}
 
@@ -96,11 +97,11 @@ class AdaptiveVocabMatch(VocabMatch):
         self.pclip = next((d for d in self.defense.items if isinstance(d, PositionClip)), None)  # + shaped-noise
         self._pclip_tensors: tuple[torch.Tensor, torch.Tensor] | None = None  # (clips (K+1,), shape (d,))
         for key in ("beam", "full_vocab_max", "capped_candidates"):
-            if isinstance(self.hparams[key], bool) or not isinstance(self.hparams[key], int) or self.hparams[key] < 1:
-                raise AttackError(f"vocab-match-adaptive {key}={self.hparams[key]!r}; give an integer >= 1")
+            self.require_int(key)
         # no exact match is possible under noise or privately changed local layers: beam search over positions
         clipped = [d for d in (self.noise, self.pclip) if d is not None]
-        self.inexact = any(d.sigma > 0 for d in clipped) or bool(self.defense.model_items)
+        self.inexact = (self.never_exact or any(d.sigma > 0 for d in clipped)
+                        or bool(self.defense.model_items))
         if self.hparams["max_candidates"] == "auto" or not self.inexact:
             # exact cases (undefended, the clip alone, quantisation, permute) stop at the match, so the whole
             # vocabulary is affordable and a cap only makes the attacker miss: the clip alone at head 8 of the

@@ -21,11 +21,12 @@ from __future__ import annotations
 from typing import Any
 
 
-def party_of(position: int, shards: int) -> int:
-    """The party (0 .. shards - 1) that holds ``position`` under round-robin dealing."""
+def party_of(position, shards: int):
+    """The party (0 .. shards - 1) that holds ``position`` (an int, or an integer array elementwise) under
+    round-robin dealing."""
     if shards < 1:
         raise ValueError(f"shards={shards}; give at least 1")
-    return int(position) % int(shards)
+    return position % int(shards)
 
 
 def cost_per_step(body_layers: int, shards: int, hidden: int, heads: int, bytes_per_value: int = 2) -> dict[str, Any]:
