@@ -43,13 +43,28 @@ packed forward get their results. Attention is per session
 (:mod:`splitinfer.packed_body`), so one session's values never enter
 another's arithmetic.
 
+**Which thread computes.** Every step that enters the batching path runs on
+one thread, the scheduler's; ``splitinfer serve`` makes that the process's
+main thread (:meth:`BatchScheduler.host`, its event loop on a second
+thread). With PyTorch's OpenMP backend each application thread that runs a
+parallel region gets an OpenMP pool of its own (PyTorch's note "CPU threading
+and TorchScript inference"), and on the 2-core machine the reports come from
+a single-token step of the default model's body took 55-58 ms on a pool
+thread of a process whose main thread had loaded the model, against 34-36 ms
+on the main thread (same process, same inputs); a process that never ran
+parallel work on its main thread did not show it. Before the main thread
+hosted the forwards, the server's step was therefore about 22 ms slower than
+the in-process body (``reports/server_batching``).
+
 **Exactness.** A batch of one step runs ``body(...)`` exactly as the
 unbatched server does. If a packed forward raises (e.g. one session's cache
 refuses to grow), every session's cache is cropped back to its length before
 the batch and each step is run again on its own, so a failing session gets
 its error and the others their results, with caches as if they had never
-been batched. ``max_batch=1`` is the unbatched server: the worker thread runs
-the body itself, as before this module existed.
+been batched. ``max_batch=1`` is the unbatched server: under ``serve`` the
+hosting thread runs the steps one at a time, oldest first, never two forwards
+at once; with no host (an in-process :class:`~splitinfer.session.BodyService`)
+each caller runs its own step on its own thread, as before this module existed.
 """
 
 from __future__ import annotations
@@ -120,6 +135,8 @@ class BatchScheduler:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._last_end = 0.0  # monotonic time the previous forward ended
+        self._hosted = False  # a caller's thread runs the loop (host()); no thread of our own is started
+        self.compute_thread: str | None = None  # name of the thread the batching path computes on
         self.counts = {"forwards": 0, "steps": 0, "fallbacks": 0}  # packed-or-single forwards, steps answered
 
     # ---------------------------------------------------------------- callers
@@ -129,7 +146,8 @@ class BatchScheduler:
         A step whose output or new KV entries are not finite raises :class:`SplitInferError`
         (the caller crops the cache back).
         """
-        if self.config.max_batch == 1 or step.rows > min(self.config.max_step_rows, self.config.max_rows):
+        large = step.rows > min(self.config.max_step_rows, self.config.max_rows)
+        if large or (self.config.max_batch == 1 and not self._hosted):  # on the caller's own thread
             base = len(step.cache)
             t0 = time.perf_counter()
             out = self.body(step.hidden, step.positions, step.cache, step.parents)
@@ -140,7 +158,7 @@ class BatchScheduler:
         with self._cv:
             if self._closed:
                 raise SplitInferError("the server is shutting down")
-            if self._thread is None:
+            if self._thread is None and not self._hosted:
                 self._thread = threading.Thread(target=self._loop, name="body-batcher", daemon=True)
                 self._thread.start()
             self._pending.append(item)
@@ -151,8 +169,23 @@ class BatchScheduler:
         queue_s = max(0.0, time.monotonic() - item.since - item.compute_s)
         return StepResult(item.out, item.compute_s, queue_s, item.batch)
 
+    def host(self, then: Callable[[], None] = lambda: None) -> None:
+        """Run the scheduler's loop on the calling thread until :meth:`close`.
+
+        ``then`` is called once the steps are bound to this thread and before the loop starts (``serve`` starts
+        its event loop there, so no step can arrive before). ``splitinfer serve`` calls it from the process's
+        main thread, where a forward runs at full speed (module docstring: "Which thread computes").
+        """
+        with self._cv:
+            if self._thread is not None:
+                raise SplitInferError("the batch scheduler already computes on a thread of its own; host() must "
+                                      "be called before the first step")
+            self._hosted = True
+        then()
+        self._loop()
+
     def close(self) -> None:
-        """Stop the scheduler thread once the pending steps are answered."""
+        """Stop the scheduler's loop once the pending steps are answered."""
         with self._cv:
             self._closed = True
             self._cv.notify_all()
@@ -161,10 +194,11 @@ class BatchScheduler:
 
     # ---------------------------------------------------------------- the scheduler thread
     def _loop(self) -> None:
+        self.compute_thread = threading.current_thread().name
         while True:
             with self._cv:
                 while not self._pending and not self._closed:
-                    self._cv.wait()
+                    self._cv.wait(1.0)  # bounded: a hosting main thread stays responsive to signals
                 if not self._pending:
                     return
                 deadline = max(self._pending[0].since, self._last_end) + self.config.window_ms / 1e3

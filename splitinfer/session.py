@@ -336,6 +336,7 @@ class BodyService:
             with self._stats_lock:
                 fields.update(self.stats)
             fields.update({f"batch_{k}": v for k, v in self.scheduler.counts.items()})
+            fields["compute_thread"] = self.scheduler.compute_thread  # None until the first batched step
             fields["model"] = self.info.model
         extra = self.extra_stats(everyone) if self.extra_stats is not None else {}
         return "stats_reply", {**fields, **extra}, {}, 0.0

@@ -153,6 +153,58 @@ def test_unbatched_runs_in_the_callers_thread(body):
     assert scheduler._thread is None and scheduler.counts["forwards"] == 0
 
 
+class _ThreadRecordingBody:
+    """Wraps a body; records the thread each of its forwards ran on."""
+
+    def __init__(self, body):
+        self.body, self.config, self.threads = body, body.config, []
+        self._lock = threading.Lock()
+
+    def __call__(self, *args, **kwargs):
+        with self._lock:
+            self.threads.append(threading.current_thread().name)
+        return self.body(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.body, name)
+
+
+def _hosted(scheduler):
+    """Host ``scheduler``'s loop on a thread named 'host' (as serve hosts it on the main thread)."""
+    bound = threading.Event()
+    host = threading.Thread(target=scheduler.host, kwargs={"then": bound.set}, name="host")
+    host.start()
+    assert bound.wait(30)
+    return host
+
+
+@pytest.mark.parametrize("max_batch", [1, 8])
+def test_a_hosted_scheduler_computes_every_small_step_on_the_hosting_thread(body, max_batch):
+    recorder = _ThreadRecordingBody(body)
+    scheduler = BatchScheduler(recorder, BatchConfig(max_batch=max_batch, window_ms=0, max_step_rows=4), lambda: 4)
+    host = _hosted(scheduler)
+    steps = [_step(body, c, r, i) for i, (c, r) in enumerate(SHAPES)]
+    alone = [_step(body, c, r, i) for i, (c, r) in enumerate(SHAPES)]
+    results, errors = _run_all(scheduler, steps)
+    scheduler.close()
+    host.join(30)
+    assert not host.is_alive() and errors == [None] * 4  # close() ends host()
+    for got, ref in zip(results, alone):
+        assert torch.equal(got.out, body(ref.hidden, ref.positions, ref.cache))
+    assert scheduler.compute_thread == "host"
+    assert sum(t != "host" for t in recorder.threads) == 1  # only the 5-row prefill ran on its caller's thread
+    if max_batch == 1:  # unbatched and hosted: the three small steps one by one, on the host
+        assert recorder.threads.count("host") == 3 and scheduler.counts["steps"] == 3
+
+
+def test_host_refuses_once_the_scheduler_runs_a_thread_of_its_own(body):
+    scheduler = BatchScheduler(body, BatchConfig(max_batch=8, window_ms=0), lambda: 1)
+    scheduler.run(_step(body, 1, 1, 0))  # starts the scheduler's own thread
+    with pytest.raises(SplitInferError, match="before the first step"):
+        scheduler.host()
+    scheduler.close()
+
+
 def test_a_lone_step_does_not_wait_for_callers_that_never_come(body):
     scheduler = BatchScheduler(body, BatchConfig(max_batch=8, window_ms=0), lambda: 50)
     assert scheduler.run(_step(body, 1, 1, 0)).batch == 1

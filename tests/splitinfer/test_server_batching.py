@@ -28,7 +28,8 @@ def servers(tiny_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("batching")
     procs = {"batched": ServerProcess(tiny_dir, *BATCH, log_dir=tmp),
              "bi-batched": ServerProcess(tiny_dir, "--batch-invariant", *BATCH, log_dir=tmp),
-             "bi-unbatched": ServerProcess(tiny_dir, "--batch-invariant", "--max-batch", "1", log_dir=tmp)}
+             "bi-unbatched": ServerProcess(tiny_dir, "--batch-invariant", "--max-batch", "1", "--stats-all",
+                                           log_dir=tmp)}
     try:  # a server that is slow to start must not outlive the run (it did: 3 orphans after a timeout)
         for p in procs.values():
             p.wait_ready()
@@ -155,3 +156,12 @@ def test_generations_are_token_identical_with_clients_joining_and_leaving(tiny, 
         t.join(180)
     assert got == reference
     assert _batched_steps(url) > before
+
+
+def test_the_body_computes_on_the_servers_main_thread(servers):
+    """serve hosts the forwards on its main thread, where a forward runs at full speed (a pool thread of a
+    process whose main thread loaded the model ran the default model's single-token step about 1.6x slower)."""
+    for name in ("batched", "bi-unbatched"):
+        url = servers[name].url
+        _replay(url, _script(7, 3, 2))
+        assert server_stats(url)["compute_thread"] == "MainThread", name
