@@ -45,16 +45,18 @@ another's arithmetic.
 
 **Which thread computes.** Every step that enters the batching path runs on
 one thread, the scheduler's; ``splitinfer serve`` makes that the process's
-main thread (:meth:`BatchScheduler.host`, its event loop on a second
-thread). With PyTorch's OpenMP backend each application thread that runs a
-parallel region gets an OpenMP pool of its own (PyTorch's note "CPU threading
-and TorchScript inference"), and on the 2-core machine the reports come from
-a single-token step of the default model's body took 55-58 ms on a pool
-thread of a process whose main thread had loaded the model, against 34-36 ms
-on the main thread (same process, same inputs); a process that never ran
-parallel work on its main thread did not show it. Before the main thread
-hosted the forwards, the server's step was therefore about 22 ms slower than
-the in-process body (``reports/server_batching``).
+main thread (:meth:`BatchScheduler.host`), with the event loop on a second
+thread and the request threads kept to one intra-op thread each
+(``splitinfer.server._single_intra_op_thread``), so that only one thread ever
+runs parallel tensor work. With PyTorch's OpenMP backend each application
+thread that runs parallel work gets an OpenMP pool of its own, and once there
+are two, every thread's parallel work slows down: on the 2-core machine the
+reports come from, a single-token step of the default model's body took
+27.0-27.8 ms on the main thread, 46.0-47.8 ms on a worker thread, and
+48.6-49.3 ms on the main thread once a worker had cast one large tensor
+(``python -m benchmarks.compute_thread`` measures main against worker). The
+server's request threads used to run the forwards (and cast every frame), so
+every step paid this.
 
 **Exactness.** A batch of one step runs ``body(...)`` exactly as the
 unbatched server does. If a packed forward raises (e.g. one session's cache
@@ -168,6 +170,11 @@ class BatchScheduler:
             raise item.error
         queue_s = max(0.0, time.monotonic() - item.since - item.compute_s)
         return StepResult(item.out, item.compute_s, queue_s, item.batch)
+
+    @property
+    def hosted(self) -> bool:
+        """A caller's thread runs the loop (:meth:`host`)."""
+        return self._hosted
 
     def host(self, then: Callable[[], None] = lambda: None) -> None:
         """Run the scheduler's loop on the calling thread until :meth:`close`.

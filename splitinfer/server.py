@@ -70,6 +70,25 @@ def _rss_bytes() -> int:
         return 0
 
 
+def _single_intra_op_thread() -> None:
+    """Make the calling thread run its tensor work on one intra-op thread (a request thread of ``serve``).
+
+    With PyTorch's OpenMP backend, once a second application thread has run parallel work (a cast of a long
+    prefill's frame, a prefill of more than 128 rows, a reply's encoding) every thread's parallel work is slower:
+    on the 2-core machine of the reports a single-token step of the default model's body took 48.6-49.3 ms on
+    the main thread after a worker had cast one 4,096 x 576 tensor, against 27.0-27.8 ms before, with
+    ``OMP_WAIT_POLICY=PASSIVE`` too (libgomp spins less once it manages more threads than there are cores).
+    With one intra-op thread a request thread starts no OpenMP pool; the main thread's step stayed at
+    27.5-27.9 ms. A long prefill on a request thread then runs on one core: 2,016 ms for 1,024 positions
+    against 1,134 ms on the main thread. ``torch.set_num_threads`` sets the calling thread's OpenMP and MKL
+    thread counts (and the default of threads that start their tensor work later); the main thread, which
+    loaded the model, keeps its own.
+    """
+    import torch
+
+    torch.set_num_threads(1)
+
+
 class TimedConnection(ServerConnection):
     """A server connection that knows since when an incoming message has been arriving (None: none is),
     and whose received bytes count against the server's :class:`~splitinfer.inflight.InflightBudget`."""
@@ -139,7 +158,11 @@ class BodyServer:
         self._ids = itertools.count(1)
         # a worker waits while its step is batched: enough of them that a full batch can gather
         workers = max(config.workers, service.scheduler.config.max_batch)
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="body")
+        # forwards hosted on one thread (serve): request threads keep to one intra-op thread, so that no second
+        # OpenMP pool is ever started (see _single_intra_op_thread)
+        single = service.scheduler.hosted
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="body",
+                                        initializer=_single_intra_op_thread if single else None)
         self._started = time.monotonic()
         self._inventory = body_inventory(service.body)
         self._hello_limits = Limits(max_frame_bytes=config.hello_max_bytes,
@@ -317,9 +340,9 @@ def run_server(service: BodyService, config: ServerConfig, on_ready: Callable[[s
     """Serve until SIGINT or SIGTERM, then shut down cleanly.
 
     Call it from the process's main thread: the body's forwards run there (the batch scheduler's loop,
-    :meth:`~splitinfer.batch_scheduler.BatchScheduler.host`) and the event loop on a second thread, since a
-    forward on a thread other than the main one ran about 1.6x slower on a 2-core CPU (the scheduler's
-    docstring has the figures). Raises what the event loop raised (e.g. the port is in use).
+    :meth:`~splitinfer.batch_scheduler.BatchScheduler.host`), the event loop on a second thread and the
+    requests on worker threads limited to one intra-op thread each (:func:`_single_intra_op_thread`): only
+    the main thread ever runs parallel tensor work. Raises what the event loop raised (e.g. the port is in use).
     """
     import signal
 
@@ -336,6 +359,7 @@ def run_server(service: BodyService, config: ServerConfig, on_ready: Callable[[s
         await BodyServer(service, config).serve(stop, on_ready)
 
     def event_loop() -> None:
+        _single_intra_op_thread()  # the loop itself does no tensor work; if it ever does, no second pool
         try:
             asyncio.run(main())
         except BaseException as e:  # noqa: BLE001 - handed to the main thread, which raises it
@@ -348,6 +372,9 @@ def run_server(service: BodyService, config: ServerConfig, on_ready: Callable[[s
         if "stop" in state:
             state["stop"]()
 
+    import torch
+
+    torch.set_num_threads(torch.get_num_threads())  # pin this thread's count before others change the default
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     thread = threading.Thread(target=event_loop, name="event-loop", daemon=True)
     try:

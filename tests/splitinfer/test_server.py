@@ -212,3 +212,28 @@ def test_real_model_over_the_server(real_model, tmp_path):
         sm.close()
     finally:
         proc.stop()
+
+
+def test_request_threads_keep_to_one_intra_op_thread_and_the_main_thread_keeps_its_own():
+    """serve's request threads must never start a second OpenMP pool (it slowed every step ~1.75x)."""
+    import threading
+
+    import torch
+
+    from splitinfer.server import _single_intra_op_thread
+
+    before = torch.get_num_threads()
+    seen = []
+
+    def worker():
+        _single_intra_op_thread()
+        torch.randn(4096, 576).half().float()  # a long prefill's cast: one intra-op thread
+        seen.append(torch.get_num_threads())
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join(30)
+    try:
+        assert seen == [1] and torch.get_num_threads() == before
+    finally:
+        torch.set_num_threads(before)  # the default for threads started later in this test process
