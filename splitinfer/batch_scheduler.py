@@ -26,15 +26,21 @@ window when open sessions were counted).
 
 **Fairness.** A step of more than ``max_step_rows`` rows (a long prefill, a
 large draft tree) does not enter the batching path: it runs on the caller's
-own thread beside the batches, exactly as on the unbatched server, so a
-4,096-token prefill cannot hold up every other tenant's single-token steps
-for its whole duration (issue 30, finding 2). The batching path then holds
-only small steps, served oldest first; each connection has at most one
-request in flight (the server answers a connection's frames in order), so
-oldest-first is round robin over the connections. Deviation from Orca and
-vLLM: long prompts are not chunked into the batches; they share the cores
-with the batching thread through the OS scheduler, as the unbatched server's
-workers do.
+own thread beside the batches, so a 4,096-token prefill cannot hold up every
+other tenant's single-token steps for its whole duration (issue 30, finding
+2). Under ``serve`` (a hosted loop) such steps run one at a time, each on one
+intra-op thread (see "Which thread computes"): with four tenants repeating
+4,096-token prefills on the tiny model, a victim's single-token step took
+10.9 ms at p50 batched, against 60.1 ms when the long steps ran side by side
+and 21.0 ms before the forwards moved to the main thread; the tenants'
+prefills took 415 ms at p50 against 226-266 ms (``benchmarks.tenant_latency``;
+figures in ``docs/server.md``). The batching path holds only small steps,
+served oldest first; each connection has at most one request in flight (the
+server answers a connection's frames in order), so oldest-first is round
+robin over the connections. Deviation from Orca and vLLM: long prompts are not
+chunked into the batches (chunked prefill on the computing thread would give
+them both cores; with the default kernels it would also change their states
+by float noise, as batching does).
 
 **Isolation.** Every step's output and the KV entries it appended are
 checked for NaN/Inf after its forward (packed or not); a step that fails is
@@ -138,6 +144,7 @@ class BatchScheduler:
         self._closed = False
         self._last_end = 0.0  # monotonic time the previous forward ended
         self._hosted = False  # a caller's thread runs the loop (host()); no thread of our own is started
+        self._long_gate = threading.Lock()  # hosted: long steps run on their callers' threads one at a time
         self.compute_thread: str | None = None  # name of the thread the batching path computes on
         self.counts = {"forwards": 0, "steps": 0, "fallbacks": 0}  # packed-or-single forwards, steps answered
 
@@ -149,13 +156,11 @@ class BatchScheduler:
         (the caller crops the cache back).
         """
         large = step.rows > min(self.config.max_step_rows, self.config.max_rows)
+        if large and self._hosted:  # one long step at a time beside the hosted loop (see "Fairness")
+            with self._long_gate:
+                return self._run_here(step)
         if large or (self.config.max_batch == 1 and not self._hosted):  # on the caller's own thread
-            base = len(step.cache)
-            t0 = time.perf_counter()
-            out = self.body(step.hidden, step.positions, step.cache, step.parents)
-            compute_s = time.perf_counter() - t0
-            _raise_unless_finite(step, out, base)
-            return StepResult(out, compute_s, 0.0, 1)
+            return self._run_here(step)
         item = _Pending(step)
         with self._cv:
             if self._closed:
@@ -170,6 +175,15 @@ class BatchScheduler:
             raise item.error
         queue_s = max(0.0, time.monotonic() - item.since - item.compute_s)
         return StepResult(item.out, item.compute_s, queue_s, item.batch)
+
+    def _run_here(self, step: BodyStep) -> StepResult:
+        """Compute ``step`` whole on the calling thread."""
+        base = len(step.cache)
+        t0 = time.perf_counter()
+        out = self.body(step.hidden, step.positions, step.cache, step.parents)
+        compute_s = time.perf_counter() - t0
+        _raise_unless_finite(step, out, base)
+        return StepResult(out, compute_s, 0.0, 1)
 
     @property
     def hosted(self) -> bool:
