@@ -29,12 +29,14 @@ large draft tree) does not enter the batching path: it runs on the caller's
 own thread beside the batches, so a 4,096-token prefill cannot hold up every
 other tenant's single-token steps for its whole duration (issue 30, finding
 2). Under ``serve`` (a hosted loop) such steps run one at a time, each on one
-intra-op thread (see "Which thread computes"): with four tenants repeating
-4,096-token prefills on the tiny model, a victim's single-token step took
-10.9 ms at p50 batched, against 60.1 ms when the long steps ran side by side
-and 21.0 ms before the forwards moved to the main thread; the tenants'
-prefills took 415 ms at p50 against 226-266 ms (``benchmarks.tenant_latency``;
-figures in ``docs/server.md``). The batching path holds only small steps,
+intra-op thread (see "Which thread computes"); side by side they crowded the
+cores the loop computes on. With four tenants repeating 4,096-token prefills
+on the tiny model a victim's single-token step took 48.7 ms at p50 batched
+(60.1 ms with the long steps side by side, 22.7 ms when every forward ran on
+request threads) and the tenants' prefills 393 ms (236 ms before): the cost of
+keeping the long steps off the main thread's cores
+(``reports/server_batching/report.md``, "Long prefills beside single-token
+steps"). The batching path holds only small steps,
 served oldest first; each connection has at most one request in flight (the
 server answers a connection's frames in order), so oldest-first is round
 robin over the connections. Deviation from Orca and vLLM: long prompts are not
@@ -58,11 +60,13 @@ runs parallel tensor work. With PyTorch's OpenMP backend each application
 thread that runs parallel work gets an OpenMP pool of its own, and once there
 are two, every thread's parallel work slows down: on the 2-core machine the
 reports come from, a single-token step of the default model's body took
-27.0-27.8 ms on the main thread, 46.0-47.8 ms on a worker thread, and
-48.6-49.3 ms on the main thread once a worker had cast one large tensor
-(``python -m benchmarks.compute_thread`` measures main against worker). The
+27.7-28.0 ms on the main thread, 47.1-48.8 ms on a worker thread, 49.4-50.2 ms
+on the main thread once a worker had cast one 4,096 x 576 frame, and
+28.4-28.8 ms beside a worker kept to one intra-op thread (``python -m
+benchmarks.compute_thread``, ``reports/server_batching/report.md``). The
 server's request threads used to run the forwards (and cast every frame), so
-every step paid this.
+every step paid this: a lone step through the server took 47.6 ms at p50,
+28.7 ms since.
 
 **Exactness.** A batch of one step runs ``body(...)`` exactly as the
 unbatched server does. If a packed forward raises (e.g. one session's cache

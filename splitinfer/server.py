@@ -75,14 +75,13 @@ def _single_intra_op_thread() -> None:
 
     With PyTorch's OpenMP backend, once a second application thread has run parallel work (a cast of a long
     prefill's frame, a prefill of more than 128 rows, a reply's encoding) every thread's parallel work is slower:
-    on the 2-core machine of the reports a single-token step of the default model's body took 48.6-49.3 ms on
-    the main thread after a worker had cast one 4,096 x 576 tensor, against 27.0-27.8 ms before, with
-    ``OMP_WAIT_POLICY=PASSIVE`` too (libgomp spins less once it manages more threads than there are cores).
-    With one intra-op thread a request thread starts no OpenMP pool; the main thread's step stayed at
-    27.5-27.9 ms. A long prefill on a request thread then runs on one core: 2,016 ms for 1,024 positions
-    against 1,134 ms on the main thread. ``torch.set_num_threads`` sets the calling thread's OpenMP and MKL
-    thread counts (and the default of threads that start their tensor work later); the main thread, which
-    loaded the model, keeps its own.
+    on the 2-core machine of the reports a single-token step of the default model's body took 49.4-50.2 ms on
+    the main thread after a worker had cast one 4,096 x 576 tensor, against 27.7-28.0 ms without, and 28.4-28.8
+    ms beside a worker kept to one intra-op thread (``python -m benchmarks.compute_thread``). With one intra-op
+    thread a request thread starts no OpenMP pool; a long step on it then runs on one core (its cost to other
+    tenants' prefills: ``reports/server_batching/report.md``, "Long prefills beside single-token steps").
+    ``torch.set_num_threads`` sets the calling thread's OpenMP and MKL thread counts (and the default of threads
+    that start their tensor work later); the main thread, which loaded the model, keeps its own.
     """
     import torch
 
