@@ -36,10 +36,10 @@ on the tiny model a victim's single-token step took 48.7 ms at p50 batched
 request threads) and the tenants' prefills 393 ms (236 ms before): the cost of
 keeping the long steps off the main thread's cores
 (``reports/server_batching/report.md``, "Long prefills beside single-token
-steps"). The batching path holds only small steps,
-served oldest first; each connection has at most one request in flight (the
-server answers a connection's frames in order), so oldest-first is round
-robin over the connections. Deviation from Orca and vLLM: long prompts are not
+steps"). The batching path holds only small steps, served oldest first; each
+connection has at most one request in flight (the server answers a
+connection's frames in order), so oldest-first is round robin over the
+connections. Deviation from Orca and vLLM: long prompts are not
 chunked into the batches (chunked prefill on the computing thread would give
 them both cores; with the default kernels it would also change their states
 by float noise, as batching does).

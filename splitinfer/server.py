@@ -345,6 +345,8 @@ def run_server(service: BodyService, config: ServerConfig, on_ready: Callable[[s
     """
     import signal
 
+    import torch
+
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("run_server must be called from the main thread (it hosts the body's forwards and "
                            "the signal handlers)")
@@ -370,8 +372,6 @@ def run_server(service: BodyService, config: ServerConfig, on_ready: Callable[[s
         state["signalled"] = True
         if "stop" in state:
             state["stop"]()
-
-    import torch
 
     torch.set_num_threads(torch.get_num_threads())  # pin this thread's count before others change the default
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
