@@ -181,7 +181,8 @@ def cost(loaded: Any, sm: SplitModel, cfg: dict) -> dict[str, Any]:
     steps = [s for r in comb for s in r.steps[1:]]
     model = fit([s for r in comb for s in r.steps], 0.0, None).project(80.0, 100.0)
     return {"tau_combined": sum(len(r.token_ids) for r in comb) / max(1, sum(len(r.steps) for r in comb)),
-            "modelled_tok_s_80ms": model.tok_s(steps), **speed_columns({"sequential": seq, "combined": comb})}
+            "modelled_tok_s_80ms": model.tok_s(steps) if steps else None,  # no decode step: no speed, not 0
+            **speed_columns({"sequential": seq, "combined": comb})}
 
 
 def cell_utility(loaded: Any, depth: int, tail: int, pipe: Any, cfg: dict, texts: dict, cache: dict,

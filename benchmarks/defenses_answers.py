@@ -12,6 +12,7 @@ from chance to all of them and its 95% Clopper-Pearson lower bound over sessions
 from __future__ import annotations
 
 from attacks.metrics.intervals import clopper_pearson
+from benchmarks.defenses_speed import measured_tok_s
 
 NOT_MEASURED = "not measured in this suite"
 
@@ -84,8 +85,13 @@ def _cost(r: dict) -> str:
     """Recovery, agreement, speed and bytes of one row, each with what the row has."""
     agr, lo, hi = _interval(r, "next_token_agreement")
     ci = "" if lo is None else f" [{100 * lo:.1f}, {100 * hi:.1f}]"
-    tok_s = r.get("modelled_tok_s_80ms")
-    speed = "" if tok_s is None else f", {tok_s:.2f} tok/s at 80 ms (modelled)"
+    tok_s = measured_tok_s(r.get("modelled_tok_s_80ms"))
+    if "modelled_tok_s_80ms" not in r:
+        speed = ""
+    elif tok_s is None:  # no decode step timed: no speed, never "0.00 tok/s"
+        speed = ", no tok/s at 80 ms (every generation stopped at its first token)"
+    else:
+        speed = f", {tok_s:.2f} tok/s at 80 ms (modelled)"
     size = "" if r.get("bytes_per_step") is None else f", {r['bytes_per_step']:,.0f} bytes/step"
     return f"head {r['depth']}, `{r['defense']}`: recovery {_rec(r)}, next-token agreement {_pct(agr)}{ci}{speed}{size}"
 

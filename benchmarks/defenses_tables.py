@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks.attack_tables import cell, diff_cell
+from benchmarks.defenses_speed import measured_tok_s
 
 __all__ = ["recovery_table", "attackers_table", "utility_table"]
 
@@ -79,5 +80,11 @@ def utility_table(rows: list[dict[str, Any]]) -> list[str]:
                    f"{r.get('positions', '-')} / {r.get('utility_sequences', '-')} | {_iv(r, 'greedy_identity')} | "
                    f"{_iv(r, 'answer_token_f1')} | {_iv(r, 'answer_perplexity', False)} | "
                    f"{r.get('greedy_prompts', '-')} | {r['bytes_per_step']:.0f} | {r['tau_combined']:.2f} | "
-                   f"{r['modelled_tok_s_80ms']:.2f} |")
+                   f"{_tok_s(r)} |")
     return out
+
+
+def _tok_s(row: dict[str, Any]) -> str:
+    """The row's modelled tok/s at 80 ms, or n/a where no decode step was timed (every generation stopped at once)."""
+    tok_s = measured_tok_s(row.get("modelled_tok_s_80ms"))
+    return "n/a (no decode step)" if tok_s is None else f"{tok_s:.2f}"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from benchmarks.defenses_speed import measured_tok_s
+
 
 def error_bars(rows: list[dict]) -> tuple[list[float], list[float]]:
     """(below, above) in points of the best recovery's 95% interval per row; 0 where it has none (n/a)."""
@@ -32,7 +34,7 @@ def plot_frontier(rows: list[dict], out: Path, depth: int) -> Path | None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.6))
-    top = max(r["modelled_tok_s_80ms"] for r in rows) or 1.0
+    top = max(measured_tok_s(r.get("modelled_tok_s_80ms")) or 0.0 for r in rows) or 1.0  # none timed: smallest
     for fam in draw_order(rows):
         pts = sorted((r for r in rows if r["family"] == fam), key=lambda r: r["next_token_agreement"])
         x = [100 * r["next_token_agreement"] for r in pts]
@@ -41,8 +43,8 @@ def plot_frontier(rows: list[dict], out: Path, depth: int) -> Path | None:
         style = (dict(marker="*", markersize=13, color="black", linestyle="none", zorder=5) if fam == "none"
                  else dict(marker="o"))
         ax.errorbar(x, y, yerr=[lo, hi], label="undefended" if fam == "none" else fam, capsize=3, **style)
-        ax.scatter(x, y, s=[20 + 180 * r["modelled_tok_s_80ms"] / top for r in pts], alpha=0.3,
-                   color="black" if fam == "none" else None)
+        area = [20 + 180 * (measured_tok_s(r.get("modelled_tok_s_80ms")) or 0.0) / top for r in pts]
+        ax.scatter(x, y, s=area, alpha=0.3, color="black" if fam == "none" else None)
     ax.axhline(10, color="grey", linestyle=":", linewidth=1)
     ax.axvline(90, color="grey", linestyle=":", linewidth=1)
     ax.set_xlabel("next-token agreement with the undefended model (%)")
@@ -72,7 +74,7 @@ def speed_points(rows: list[dict], cost: str) -> list[dict]:
         speeds = r.get("tok_s_80ms") or ({"combined": {"cpu": r["modelled_tok_s_80ms"]}}
                                          if "modelled_tok_s_80ms" in r else {})
         for decoding, by_cost in speeds.items():
-            if by_cost.get(cost) is None:
+            if measured_tok_s(by_cost.get(cost)) is None:  # not measured, or no decode step timed: no point
                 continue
             m = r["best"]["top1"]
             out.append({"depth": r["depth"], "defense": r["defense"], "decoding": decoding,

@@ -78,3 +78,13 @@ def test_the_empty_middle_is_asked_of_every_configuration_per_depth() -> None:
     assert "best agreement with recovery under 10%: head 2, `loud noise`" in text
     assert "head 8: yes, head 8, `int2`" in text
     assert answer_g([rows[0]]) == "not measured in this suite"
+
+
+def test_a_row_without_a_decode_step_is_never_quoted_at_zero_tok_s() -> None:
+    """Full grid job 6 (noise 0.02 x C, head 2) stored 0.0 tok/s: its `combined` runs stopped at the first token;
+    answer (d) quoted "0.00 tok/s at 80 ms (modelled)"."""
+    for stored in (0.0, None):
+        row = _utility_row("noise", (0.92, 0.91, 0.93), (0.41, 0.38, 0.43))
+        row["modelled_tok_s_80ms"] = stored
+        text = answer_d([row])
+        assert "0.00 tok/s" not in text and "no tok/s at 80 ms (every generation stopped at its first token)" in text

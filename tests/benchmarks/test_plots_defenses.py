@@ -67,3 +67,14 @@ def test_the_speed_plot_is_written(tmp_path: Path) -> None:
     rows = [_speed_row(2, "none", 1.0, 1.0, speeds), _speed_row(2, "noise(sigma=0.25,clip=1)", 0.05, 0.1, speeds)]
     assert plot_speed(rows, tmp_path / "s.png").stat().st_size > 1000
     assert plot_speed([], tmp_path / "e.png") is None
+
+
+def test_a_run_without_a_decode_step_gives_no_speed_point(tmp_path: Path) -> None:
+    """Full grid job 6: `combined` stopped at every first token and stored 0.0; it was drawn at 0 tok/s."""
+    speeds = {"sequential": {"cpu": 8.3, "gpu_flat": 8.3}, "combined": {"cpu": 0.0, "gpu_flat": 0.0}}
+    new = {"sequential": {"cpu": 8.3, "gpu_flat": 8.3}, "combined": {"cpu": None, "gpu_flat": None}}
+    for cols in (speeds, new):
+        rows = [_speed_row(2, "noise(sigma=0.02,clip=66.55)", 0.41, 0.92, cols)]
+        assert [p["decoding"] for p in speed_points(rows, "cpu")] == ["sequential"]
+    row = {**_row(0.92, 0.91, 0.93), "modelled_tok_s_80ms": None}
+    assert plot_frontier([row, _row(1.0, 0.96, 1.0, "none")], tmp_path / "f.png", 2).stat().st_size > 1000
