@@ -89,7 +89,7 @@ def _cost(r: dict) -> str:
     if "modelled_tok_s_80ms" not in r:
         speed = ""
     elif tok_s is None:  # no decode step timed: no speed, never "0.00 tok/s"
-        speed = ", no tok/s at 80 ms (every generation stopped at its first token)"
+        speed = ", no tok/s at 80 ms (every `combined` generation stopped at its first token)"
     else:
         speed = f", {tok_s:.2f} tok/s at 80 ms (modelled)"
     size = "" if r.get("bytes_per_step") is None else f", {r['bytes_per_step']:,.0f} bytes/step"
