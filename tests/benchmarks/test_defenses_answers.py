@@ -87,4 +87,5 @@ def test_a_row_without_a_decode_step_is_never_quoted_at_zero_tok_s() -> None:
         row = _utility_row("noise", (0.92, 0.91, 0.93), (0.41, 0.38, 0.43))
         row["modelled_tok_s_80ms"] = stored
         text = answer_d([row])
-        assert "0.00 tok/s" not in text and "no tok/s at 80 ms (every `combined` generation stopped at its first token)" in text
+        assert "0.00 tok/s" not in text
+        assert "no tok/s at 80 ms (every `combined` generation stopped at its first token)" in text
