@@ -37,7 +37,6 @@ from splitinfer.client import SplitModel
 from splitinfer.corpora import load_corpus
 from splitinfer.corpora.chat import format_chat_spans
 from splitinfer.errors import SplitInferError
-from splitinfer.timing import fit
 from splitinfer.tokens import encode_text
 
 __all__ = ["chat_form_sequences", "held_out_prompts", "teacher_forced", "greedy", "cost", "cell_utility",
@@ -178,11 +177,9 @@ def cost(loaded: Any, sm: SplitModel, cfg: dict) -> dict[str, Any]:
     comb = [sm.generate(p, tokens, chat=loaded.has_chat_template, decoding="combined", decoding_options=opts)
             for p in prompts]
     seq = [sm.generate(p, tokens, chat=loaded.has_chat_template) for p in prompts]
-    steps = [s for r in comb for s in r.steps[1:]]
-    model = fit([s for r in comb for s in r.steps], 0.0, None).project(80.0, 100.0)
+    speeds = speed_columns({"sequential": seq, "combined": comb})  # None where no decode step was timed
     return {"tau_combined": sum(len(r.token_ids) for r in comb) / max(1, sum(len(r.steps) for r in comb)),
-            "modelled_tok_s_80ms": model.tok_s(steps) if steps else None,  # no decode step: no speed, not 0
-            **speed_columns({"sequential": seq, "combined": comb})}
+            "modelled_tok_s_80ms": speeds["tok_s_80ms"]["combined"]["cpu"], **speeds}
 
 
 def cell_utility(loaded: Any, depth: int, tail: int, pipe: Any, cfg: dict, texts: dict, cache: dict,
