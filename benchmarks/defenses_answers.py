@@ -155,13 +155,39 @@ def _end_to_end(r: dict) -> str:
             f"tokens ({_pct(r['known_depth_top1']['value'])} told the true depth)")
 
 
-def answer_c(rows: list[dict]) -> str:
+def scan_cap(best: dict, options: dict | None) -> int | None:
+    """The candidate cap of the scan behind a row's strongest attacker, None for an uncapped scan or no matcher.
+
+    Rows record it (``candidate_cap``); rows of older runs do not, and their matchers applied a configured
+    integer ``max_candidates`` in every cell, so that is read from the run's attacker options instead."""
+    if "candidate_cap" in best:
+        return best["candidate_cap"]
+    cap = (options or {}).get(best["attack"], {}).get("max_candidates")
+    return cap if isinstance(cap, int) else None
+
+
+def _capped_drops(rows: list[dict], family: str, options: dict | None) -> str:
+    """A sentence on the family's rows that recover less than the undefended row while their strongest attacker
+    scanned a capped candidate list: where a match can be exact (quantisation), such a miss may be the cap's."""
+    hit = [(r, scan_cap(r["best"], options)) for r in rows if r["family"] == family and _none(rows, r["depth"])
+           and r["best"]["top1"]["value"] < _none(rows, r["depth"])["best"]["top1"]["value"]]
+    hit = [(r, cap) for r, cap in hit if cap is not None]
+    if not hit:
+        return ""
+    where = ", ".join(f"head {r['depth']} `{r['defense']}` (at most {cap} per position)" for r, cap in hit)
+    return (f" The matcher behind {where} scored only the proposer's first candidates, where a state can be "
+            "matched exactly: a capped scan misses what a whole-vocabulary one finds, so that drop is a bound set "
+            "by the attacker, not shown to be the format's (runs of the current code lift the cap wherever a match "
+            "can be exact).")
+
+
+def answer_c(rows: list[dict], options: dict | None = None) -> str:
     got = _versus_none(rows, "quant")
     if not got:
         return NOT_MEASURED
     formats = {r["strength"].get("quant", {}).get("format") for r in rows if r["family"] == "quant"}
     missing = [f for f in ("int8", "int4", "fp8") if f not in formats]
-    return _lower(rows, "quant") + "; ".join(got) + "." + (
+    return _lower(rows, "quant") + "; ".join(got) + "." + _capped_drops(rows, "quant", options) + (
         f" {', '.join(missing)}: {NOT_MEASURED}." if missing else "")
 
 
@@ -268,7 +294,7 @@ def answers_section(data: dict) -> list[str]:
             f"- (a) Does a random LoRA perturbation lower recovery by an adaptive attacker? {answer_a(rows)}",
             f"- (b) Can someone who sees only the states identify the split depth under random splits? "
             f"{answer_b(data.get('random_split', []))}",
-            f"- (c) How much do int8 / int4 / fp8 lower leakage? {answer_c(rows)}",
+            f"- (c) How much do int8 / int4 / fp8 lower leakage? {answer_c(rows, data.get('attacker_options'))}",
             f"- (d) Is there a noise level where the best adaptive attacker recovers under 10% while next-token "
             f"agreement stays above 90%? {answer_d(rows)}",
             f"- (e) Does private fine-tuning of the local layers stop white-box vocabulary matching, and how many "

@@ -182,6 +182,8 @@ def _attack(loaded, name: str, opts: dict, pipe: DefensePipeline, train: Taps, t
     fitted = {k: v for k, v in inv.info.items() if k.startswith("adapter_") and isinstance(v, (bool, int, float))}
     if "alignment_converged" in atk.fit_report:  # vocab-match-aligned: whether it matched with an exact basis
         fitted["alignment_converged"] = bool(atk.fit_report["alignment_converged"])
+    if hasattr(atk, "scan_cap"):  # a matcher's scan as it ran in this cell (None: the whole vocabulary)
+        fitted["candidate_cap"] = atk.scan_cap(vocab)
     out = [{"attack": name, "threat_model": _threat(name, pipe), **got, "seconds": time.perf_counter() - t0,
             "seconds_per_token": inv_s / max(1, target.n_tokens), **fitted,  # vocab-match-fitted
             **({"fitted_on_sessions": repeats} if resent else {})}]
@@ -368,7 +370,7 @@ def _summary(row: dict) -> dict:
                                   "baseline_unigram_top1", "baseline_position_top1") if k in m}
         return {"attack": x["attack"], "threat_model": x["threat_model"], "top1": m["token_acc_top1"], **keep,
                 **{k: x[k] for k in ("k", "pairs_used", "kept_public", "gap_to_best", "doc_top1", "seconds",
-                                     "seconds_per_token", "test_tokens", "fitted_on_sessions") if k in x},
+                                     "seconds_per_token", "test_tokens", "fitted_on_sessions", "candidate_cap") if k in x},
                 **{k: v for k, v in x.items() if k.startswith("adapter_")}}
 
     return {**{k: v for k, v in row.items() if k not in ("attackers", "best")},

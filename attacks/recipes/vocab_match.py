@@ -205,6 +205,12 @@ class VocabMatch(InversionAttack):
         the defense (a clip calibrated per position needs ``t``)."""
         return match_distance(h, obs)
 
+    def scan_cap(self, vocab: int) -> int | None:
+        """The most candidates one position's scan may score, as this attack is configured; None when it may
+        reach the whole vocabulary (results record it, so a miss can be told from a capped scan's)."""
+        cap = self.hparams["max_candidates"]
+        return None if cap is None or int(cap) >= vocab else int(cap)
+
     def _orders(self, taps: Taps) -> tuple[torch.Tensor | None, np.ndarray | None]:
         """Proposer's predicted embeddings (N, d_e) or None, and the extra attacker's top-k (N, 16) or None."""
         extra = self.extra.invert(taps, 16).topk if self.extra is not None else None

@@ -164,6 +164,13 @@ class AdaptiveVocabMatch(VocabMatch):
             return min(vocab, int(self.hparams["max_candidates"]))
         return vocab if vocab <= int(self.hparams["full_vocab_max"]) else min(vocab, int(self.hparams["capped_candidates"]))
 
+    def scan_cap(self, vocab: int) -> int | None:
+        """As :meth:`VocabMatch.scan_cap`; the beam search (no exact match possible) scans :meth:`candidate_cap`."""
+        if self.inexact:
+            cap = self.candidate_cap(vocab)
+            return None if cap >= vocab else cap
+        return super().scan_cap(vocab)
+
     def _invert(self, taps: Taps, k: int):
         if self.inexact:
             return self._beam_invert(self._observed(taps), k)

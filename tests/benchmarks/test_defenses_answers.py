@@ -1,6 +1,6 @@
 """benchmarks.defenses_answers on hand-made rows: each answer follows from the rows it prints."""
 
-from benchmarks.defenses_answers import answer_a, answer_b, answer_d, answer_g
+from benchmarks.defenses_answers import answer_a, answer_b, answer_c, answer_d, answer_g, scan_cap
 
 
 def _split(depths: list[int], hits: int, sessions: int) -> dict:
@@ -89,3 +89,33 @@ def test_a_row_without_a_decode_step_is_never_quoted_at_zero_tok_s() -> None:
         text = answer_d([row])
         assert "0.00 tok/s" not in text
         assert "no tok/s at 80 ms (every `combined` generation stopped at its first token)" in text
+
+
+def _quant_rows(cap_key: dict) -> list[dict]:
+    none = _row("none", 0.999, 0.962, 1.0, depth=8)
+    int8 = {**_row("quant", 0.945, 0.921, 0.966, depth=8), "defense": "quant(format=int8)",
+            "strength": {"quant": {"format": "int8"}}}
+    int8["best"].update(cap_key)
+    int8["vs_undefended"] = {"value": -0.054, "ci_low": -0.08, "ci_high": -0.03}
+    return [none, int8]
+
+
+def test_a_drop_behind_a_capped_scan_is_called_the_attackers_bound() -> None:
+    """Full grid job 15 (int8, head 8): 94.5% against 99.9% undefended read as 'yes, partly: falls by up to 5.4
+    points', but its matcher scanned only the proposer's first 256 candidates where int8 states match exactly
+    (100% on the same code tokens without the cap)."""
+    legacy = {"vocab-match-adaptive": {"max_candidates": 256}}  # rows of older runs record no cap of their own
+    for rows, options in ((_quant_rows({}), legacy), (_quant_rows({"candidate_cap": 256}), None)):
+        text = answer_c(rows, options)
+        assert "head 8 `quant(format=int8)` (at most 256 per position)" in text
+        assert "a bound set by the attacker" in text
+    for rows, options in ((_quant_rows({"candidate_cap": None}), legacy), (_quant_rows({}), None)):
+        assert "bound set by the attacker" not in answer_c(rows, options)
+
+
+def test_the_scan_cap_is_the_rows_own_before_the_runs_options() -> None:
+    opts = {"vocab-match-adaptive": {"max_candidates": 256}, "mlp": {"epochs": 8}}
+    assert scan_cap({"attack": "vocab-match-adaptive", "candidate_cap": None}, opts) is None
+    assert scan_cap({"attack": "vocab-match-adaptive"}, opts) == 256
+    assert scan_cap({"attack": "mlp"}, opts) is None
+    assert scan_cap({"attack": "vocab-match-adaptive"}, {"vocab-match-adaptive": {"max_candidates": "auto"}}) is None

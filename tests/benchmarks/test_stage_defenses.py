@@ -120,6 +120,7 @@ def test_lora_private_is_shadow_and_paired_attackers_report_k(cfg: dict, tmp_pat
     assert 0 < by[("linear-probe+paired", 40)]["pairs_used"] <= 40
     assert private["best"]["attack"] in ("vocab-match-adaptive", "linear-probe")  # best: without deployment pairs
     vm, lp = by[("vocab-match-adaptive", None)], by[("linear-probe", None)]
+    assert vm["candidate_cap"] is None and "candidate_cap" not in lp  # the matcher's scan as it ran: uncapped
     # issue 28 finding 3: every attacker on the same tokens, the cell's recovery the maximum over them
     assert lp["top1"]["n"] == vm["top1"]["n"] == by[("linear-probe+paired", 40)]["top1"]["n"]
     assert private["best"]["top1"]["value"] == max(vm["top1"]["value"], lp["top1"]["value"])

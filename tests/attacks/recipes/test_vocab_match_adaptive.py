@@ -101,6 +101,19 @@ def test_exact_cases_lift_the_candidate_cap(tiny, spec):
     assert capped.hparams["max_candidates"] == 2
 
 
+def test_the_scan_cap_results_record_is_the_scan_as_run(tiny):
+    """What a defenses row records as its matcher's ``candidate_cap``: None where the scan may reach the whole
+    vocabulary (exact cases, or a cap at least the vocabulary), else the cap."""
+    vocab = int(tiny.config.vocab_size)
+    assert make_attack("vocab-match-adaptive", model=tiny, defense="quant(format=int8)", max_candidates=2).scan_cap(vocab) is None
+    assert make_attack("vocab-match-adaptive", model=tiny, defense="noise(sigma=0.1,clip=3.0)",
+                       max_candidates=2).scan_cap(vocab) == 2
+    assert make_attack("vocab-match-adaptive", model=tiny, defense="noise(sigma=0.1,clip=3.0)",
+                       max_candidates=vocab + 5).scan_cap(vocab) is None
+    assert make_attack("vocab-match", model=tiny, max_candidates=3).scan_cap(vocab) == 3
+    assert make_attack("vocab-match", model=tiny).scan_cap(vocab) is None
+
+
 def test_quantisation_is_matched_whatever_the_candidate_cap(tiny, taps):
     assert _top1(tiny, "quant(format=int8)", taps, max_candidates=2, batch_sizes=[2], grad_steps=0) == 1.0
 
