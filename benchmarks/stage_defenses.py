@@ -370,7 +370,8 @@ def _summary(row: dict) -> dict:
                                   "baseline_unigram_top1", "baseline_position_top1") if k in m}
         return {"attack": x["attack"], "threat_model": x["threat_model"], "top1": m["token_acc_top1"], **keep,
                 **{k: x[k] for k in ("k", "pairs_used", "kept_public", "gap_to_best", "doc_top1", "seconds",
-                                     "seconds_per_token", "test_tokens", "fitted_on_sessions", "candidate_cap") if k in x},
+                                     "seconds_per_token", "test_tokens", "fitted_on_sessions", "candidate_cap")
+                   if k in x},
                 **{k: v for k, v in x.items() if k.startswith("adapter_")}}
 
     return {**{k: v for k, v in row.items() if k not in ("attackers", "best")},
