@@ -196,6 +196,10 @@ class FittedVocabMatch(AdaptiveVocabMatch):
             layers = merge_lora(model.model.model.layers[:depth], self._rank(), copy_lora(weights))
         return dataclasses.replace(model, model=with_head_layers(model.model, list(layers)))
 
+    def scan_cap(self, vocab: int) -> int | None:
+        """Under private layers the search is vocab-match's own (:meth:`_search`), so is its scan."""
+        return VocabMatch.scan_cap(self, vocab) if self.private else super().scan_cap(vocab)
+
     def _search(self, taps: Taps, k: int, model) -> Inversion:
         """vocab-match's search on states already in the public basis, with ``model``'s head."""
         public, self.model = self.model, model

@@ -124,3 +124,12 @@ def test_it_never_reads_the_plaintext_of_the_states_it_inverts(tiny, victim):
     assert torch.equal(torch.random.get_rng_state(), state)  # the adapter's seeded init leaves the caller's RNG
     assert a.info["adapter_fitted"] and np.array_equal(a.topk, b.topk) and np.array_equal(a.scores, b.scores)
     assert a.info["adapter_fit_loss"] == b.info["adapter_fit_loss"]
+
+
+def test_the_scan_it_records_is_the_one_it_runs(tiny):
+    """Under private layers the fitted search is vocab-match's greedy scan over ``max_candidates`` or the whole
+    vocabulary, not the adaptive beam's capped list: at the default model's vocabulary and no cap given it was
+    recorded as 1024 (the beam's ``capped_candidates``) where it scans all 49,152."""
+    assert make_attack("vocab-match-fitted", model=tiny, defense=VICTIM).scan_cap(49152) is None
+    assert make_attack("vocab-match-fitted", model=tiny, defense=VICTIM, max_candidates=256).scan_cap(49152) == 256
+    assert make_attack("vocab-match-adaptive", model=tiny, defense=VICTIM).scan_cap(49152) == 1024  # the beam's
