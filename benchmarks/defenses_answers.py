@@ -41,6 +41,12 @@ def _versus_none(rows: list[dict], family: str) -> list[str]:
     return out
 
 
+def _paired(rows: list[dict], family: str) -> list[tuple[dict, dict]]:
+    """(row, the undefended row at its depth) for each of the family's rows that has one."""
+    pairs = [(r, _none(rows, r["depth"])) for r in rows if r["family"] == family]
+    return [(r, base) for r, base in pairs if base is not None]
+
+
 def _below(r: dict, base: dict) -> bool:
     """The defended row recovers less than the undefended one: the paired bootstrap interval of the difference
     over the same documents (``vs_undefended``, issue 28) lies below 0; for rows without it (older results),
@@ -59,7 +65,7 @@ def _lower(rows: list[dict], family: str) -> str:
     interval excludes 0); otherwise this sample cannot tell it from no drop (e.g. 87.5% [75, 100] of 16 tokens
     against 100%), and the answer says so.
     """
-    pairs = [(r, _none(rows, r["depth"])) for r in rows if r["family"] == family and _none(rows, r["depth"])]
+    pairs = _paired(rows, family)
     if not pairs:
         return ""
     drops = [(base["best"]["top1"]["value"] - r["best"]["top1"]["value"], _below(r, base)) for r, base in pairs]
@@ -169,8 +175,8 @@ def scan_cap(best: dict, options: dict | None) -> int | None:
 def _capped_drops(rows: list[dict], family: str, options: dict | None) -> str:
     """A sentence on the family's rows that recover less than the undefended row while their strongest attacker
     scanned a capped candidate list: where a match can be exact (quantisation), such a miss may be the cap's."""
-    hit = [(r, scan_cap(r["best"], options)) for r in rows if r["family"] == family and _none(rows, r["depth"])
-           and r["best"]["top1"]["value"] < _none(rows, r["depth"])["best"]["top1"]["value"]]
+    hit = [(r, scan_cap(r["best"], options)) for r, base in _paired(rows, family)
+           if r["best"]["top1"]["value"] < base["best"]["top1"]["value"]]
     hit = [(r, cap) for r, cap in hit if cap is not None]
     if not hit:
         return ""
