@@ -28,7 +28,7 @@ from attacks.metrics.baselines import TokenPrior
 from attacks.predictions import Predictions
 from attacks.tapdata import Taps
 
-__all__ = ["score_on_set", "strongest", "paired_gap", "gaps_to_strongest", "with_undefended_gaps"]
+__all__ = ["score_on_set", "strongest", "paired_gap", "gaps_to_strongest", "with_undefended_gaps", "summarise_row"]
 
 
 def score_on_set(inv: Inversion, target: Taps, *, vocab: int, prior: TokenPrior, n_boot: int, seed: int,
@@ -82,3 +82,19 @@ def with_undefended_gaps(rows: list[dict[str, Any]], n_boot: int = 1000, seed: i
     none = {r["depth"]: r["best"] for r in rows if r.get("family") == "none"}
     return [{**r, "vs_undefended": paired_gap(r["best"], none[r["depth"]], n_boot, seed)
              if r["depth"] in none else None} for r in rows]
+
+
+def summarise_row(row: dict) -> dict:
+    """A grid row for the report: attacker metrics cut to top-1 (user text), template top-1, baselines and lift."""
+    def short(x: dict) -> dict:
+        m = x["metrics"]
+        keep = {k: m[k] for k in ("template_token_acc_top1", "lift_token_acc_top1", "baseline_uniform_top1",
+                                  "baseline_unigram_top1", "baseline_position_top1") if k in m}
+        return {"attack": x["attack"], "threat_model": x["threat_model"], "top1": m["token_acc_top1"], **keep,
+                **{k: x[k] for k in ("k", "pairs_used", "kept_public", "gap_to_best", "doc_top1", "seconds",
+                                     "seconds_per_token", "test_tokens", "fitted_on_sessions", "candidate_cap")
+                   if k in x},
+                **{k: v for k, v in x.items() if k.startswith("adapter_")}}
+
+    return {**{k: v for k, v in row.items() if k not in ("attackers", "best")},
+            "attackers": [short(x) for x in row["attackers"]], "best": short(row["best"])}

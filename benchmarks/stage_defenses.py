@@ -76,7 +76,7 @@ from benchmarks.defense_utility import (cell_utility, chat_form_sequences, defen
 from benchmarks.defenses_private import paired_label, public_label, with_trained_adapter
 from benchmarks.defenses_overhead import overhead_ms
 from benchmarks.defenses_random_split import random_split_row
-from benchmarks.grid_cell import gaps_to_strongest, score_on_set, strongest, with_undefended_gaps
+from benchmarks.grid_cell import gaps_to_strongest, score_on_set, strongest, summarise_row, with_undefended_gaps
 from benchmarks.schema import add_metric, metric, record_failure
 from benchmarks.scored_set import ScoredSetConfig, set_size, take
 from benchmarks.shard import Shard
@@ -357,25 +357,9 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
     for o in overhead:
         add_metric(results, f"defenses/overhead/{o['defense']}/T{o['tokens']}", "ms_per_step",
                    metric(o["ms"], higher_is_better=False, kind="info", unit="ms"))
-    return {"rows": [_summary(r) for r in out_rows], "random_split": splits, "overhead": overhead, "hidden_size": d,
-            "seconds": time.perf_counter() - t0, "skipped": skipped, "attacker_options": options,
+    return {"rows": [summarise_row(r) for r in out_rows], "random_split": splits, "overhead": overhead,
+            "hidden_size": d, "seconds": time.perf_counter() - t0, "skipped": skipped, "attacker_options": options,
             "scored_set": asdict(sset), "elsewhere": rows_elsewhere(cfg), "predictions": preds}
-
-
-def _summary(row: dict) -> dict:
-    """A grid row for the report: attacker metrics cut to top-1 (user text), template top-1, baselines and lift."""
-    def short(x: dict) -> dict:
-        m = x["metrics"]
-        keep = {k: m[k] for k in ("template_token_acc_top1", "lift_token_acc_top1", "baseline_uniform_top1",
-                                  "baseline_unigram_top1", "baseline_position_top1") if k in m}
-        return {"attack": x["attack"], "threat_model": x["threat_model"], "top1": m["token_acc_top1"], **keep,
-                **{k: x[k] for k in ("k", "pairs_used", "kept_public", "gap_to_best", "doc_top1", "seconds",
-                                     "seconds_per_token", "test_tokens", "fitted_on_sessions", "candidate_cap")
-                   if k in x},
-                **{k: v for k, v in x.items() if k.startswith("adapter_")}}
-
-    return {**{k: v for k, v in row.items() if k not in ("attackers", "best")},
-            "attackers": [short(x) for x in row["attackers"]], "best": short(row["best"])}
 
 
 def _pct(x) -> str:
