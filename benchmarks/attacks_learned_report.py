@@ -70,7 +70,7 @@ def markdown(ab: dict[str, Any], command: str, git_hash: str | None, dirty: bool
     sizes = "; ".join(f"{s}x: {v['train_tokens']} train / {v['val_tokens']} val / {v['test_tokens']} test tokens "
                       f"pooled, {v['test_documents']} test documents" for s, v in cfg["sizes"].items())
     first = ab["rows"][0]["metrics"] if ab["rows"] else {}
-    lines = [f"# Learned attackers at {cfg['boundary']}: ablation (issue 14, finding 10)", "",
+    lines = [f"# Learned attackers at {cfg['boundary']}: ablation", "",
              f"Command (from commit {git_hash}{', dirty tree' if dirty else ''}): `OMP_NUM_THREADS=2 {command}`", "",
              f"Model {cfg['model']} (sha256 {cfg['model_sha256'][:12]}...), corpora {', '.join(study['corpora'])}, "
              f"the per-depth study's splits and sizes per corpus ({study['train_tokens']} train x scale, "

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         data = {"rows": rows, "seconds": time.perf_counter() - t0, "spec_seconds": seconds,
                 "attacker_options": out["attacker_options"]}
         doc = document("defenses-new-study", config, data)
-        write_dir(args.out, "\n".join(["# Issue 29 defenses study", "", f"Suite `{suite.name}`, model "
+        write_dir(args.out, "\n".join(["# The calibrated and trained defenses: a first study", "", f"Suite `{suite.name}`, model "
                                        f"`{suite.model}`; seconds per spec: " + ", ".join(
                                            f"`{s}` {t:.0f}" for s, t in seconds.items()), ""]
                                       + defenses_section(data, Path(args.out))), doc)

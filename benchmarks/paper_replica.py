@@ -200,7 +200,7 @@ def write(result: dict[str, Any], out: str | Path) -> tuple[Path, Path]:
 
 def main(argv: list[str] | None = None) -> int:
     d = ReplicaConfig()
-    p = argparse.ArgumentParser(description="the seed paper's MLP protocol, replicated (issue 14 item 9)")
+    p = argparse.ArgumentParser(description="the seed paper's MLP protocol, replicated")
     p.add_argument("--model", default=d.model)
     p.add_argument("--splits", type=int, default=d.splits)
     p.add_argument("--epochs", type=int, default=d.epochs)

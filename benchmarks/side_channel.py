@@ -129,7 +129,7 @@ def _ci(lo, hi) -> str:
 
 
 def report(data: dict) -> str:
-    lines = ["# The metadata side channel (issue 13 stretch)", "",
+    lines = ["# The metadata side channel: what frame sizes and timing alone reveal", "",
              f"Model `{data['model']}`, split {data['split']}, `{data['decoding']}` decoding "
              f"({data['tokens']} new tokens per session, chat form), {data['per_class']} sessions per class; "
              f"commit {data['git']}. Classifier: logistic regression, {data['folds']}-fold cross-validation over "

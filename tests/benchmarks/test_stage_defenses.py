@@ -187,7 +187,7 @@ def _m(value: float, lo: float | None, hi: float | None, n: int) -> dict:
 
 
 def _row(depth: int, defense: str, family: str, top1: dict, **extra) -> dict:
-    """A hand-made grid row as the stage's ``summarise_row`` returns it (one linear-probe attacker)."""
+    """A hand-made grid row as ``grid_cell.summarise_row`` returns it (one linear-probe attacker)."""
     best = {"attack": "linear-probe", "threat_model": "shadow, adaptive", "top1": top1,
             "baseline_uniform_top1": _m(0.0001, None, None, top1["n"]),
             "baseline_unigram_top1": _m(0.05, 0.03, 0.07, top1["n"]),
