@@ -1,4 +1,6 @@
-"""Ablation of the learned attackers at one head depth (issue 14, finding 10): what lifts token recovery?
+"""Ablation of the learned attackers at one head depth: what lifts token recovery?
+
+Developer note: issue 14, finding 10.
 
 Rows, all fitted and scored exactly as the per-depth study does it (its
 :class:`~benchmarks.attacks_depth.StudyConfig` sizes, splits and options; one

@@ -1,4 +1,6 @@
-"""Offline tuning of the training-free proposers by exact replay (issue 15 items 1-3).
+"""Offline tuning of the training-free proposers by exact replay.
+
+Developer note: issue 15 items 1-3.
 
 Builds, once, a reference set: for every prompt (the project's 20 prompts by
 category, plus HumanEval prompts as an external code set, *reported, never

@@ -1,4 +1,6 @@
-"""The issue-29 defenses study: the defenses stage one spec at a time, each row written as soon as it is done.
+"""The new-defenses study: the defenses stage one spec at a time, each row written as soon as it is done.
+
+Developer note: built for issue 29.
 
 Runs :func:`benchmarks.stage_defenses.stage_defenses` on the ``defenses-new`` suite's ``[defenses]`` table with
 one spec per call (tap extractions are cached on disk, so only the first call extracts), and after each spec

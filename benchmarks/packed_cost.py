@@ -1,4 +1,6 @@
-"""Cost of one packed forward against the same steps one by one, at long contexts (issue 30, finding 6).
+"""Cost of one packed forward against the same steps one by one, at long contexts.
+
+Developer note: issue 30, finding 6.
 
 ``python -m benchmarks.packed_cost [--model tiny-random] [--sessions 8] [--context 4032] [--rows 64]``
 prints, for ``sessions`` sessions with ``context`` cached positions each and a

@@ -1,4 +1,6 @@
-"""Compare a results document against a committed baseline (issue 7, DESIGN.md §7).
+"""Compare a results document against a committed baseline (DESIGN.md §7).
+
+Developer note: issue 7.
 
 Rules, chosen by the *baseline* metric's ``kind`` (see ``benchmarks.schema``):
 

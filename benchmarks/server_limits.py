@@ -1,4 +1,6 @@
-"""What a session costs the server, and what a full pending pool costs a logged-in client (issue 16).
+"""What a session costs the server, and what a full pending pool costs a logged-in client.
+
+Developer note: issue 16.
 
 Run: ``python -m benchmarks.server_limits --model tiny-random`` (prints figures; no results file).
 

@@ -1,4 +1,6 @@
-"""The metadata side channel, measured (issue 13 stretch): what the cloud tells apart from frames alone.
+"""The metadata side channel, measured: what the cloud tells apart from frames alone.
+
+Developer note: issue 13 stretch.
 
 Two session properties a user may want hidden, each as a balanced binary task
 of chat-form prompts:

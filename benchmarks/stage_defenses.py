@@ -392,11 +392,18 @@ def defenses_section(data: dict, out) -> list[str]:
     size = (f" (per cell: {sset['user_tokens']} user-text tokens from each of up to {sset['docs_per_corpus']} "
             f"documents per corpus, floor {sset['min_tokens']} tokens from {sset['min_documents']} documents)"
             if sset else "")
+    if sset or not rows or any("scored_set" in r for r in rows):
+        scoring = ("Recovery: the strongest attacker's top-1 on the victim's defended held-out states; every attacker "
+                   "of a cell is scored on exactly the cell's scored set" + size + ": held-out, de-duplicated user "
+                   "text of every corpus, chat user turns included, template and special positions public and scored "
+                   "apart. ")
+    else:  # results written before the common scored set: say how they were scored, not how new ones are
+        scoring = ("Recovery: the strongest attacker's top-1 on the victim's defended held-out states. These results "
+                   "predate the common scored set: each attacker was scored on its own tokens (the matcher on "
+                   "sequence prefixes, learned attackers on every test token; n in the table), so two attackers "
+                   "compare only where their n match, and paired differences are absent (-). ")
     lines = ["## Defenses against adaptive attackers", "",
-             "Recovery: the strongest attacker's top-1 on the victim's defended held-out states; every attacker of a "
-             "cell is scored on exactly the cell's scored set" + size + ": held-out, de-duplicated user text of "
-             "every corpus, chat user turns included, template and special positions public and scored apart. "
-             "Attackers know the mechanism and its public parameters, not its draws or secret weights. "
+             scoring + "Attackers know the mechanism and its public parameters, not its draws or secret weights. "
              "Differences (defended minus undefended, strongest minus each other attacker) are paired bootstraps "
              "over documents; * marks an interval that excludes 0. Utility against the undefended model on "
              "held-out chat-form text (the model's template and special tokens), intervals over sequences and "

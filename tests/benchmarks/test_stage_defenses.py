@@ -206,6 +206,17 @@ def test_baselines_are_reported_beside_a_table_without_an_undefended_row(tmp_pat
     assert "Baselines beside the table" in text and "unigram 5.0 [3.0, 7.0]" in text
 
 
+def test_results_from_before_the_common_scored_set_are_not_described_as_scored_on_it(tmp_path: Path) -> None:
+    """``bench report`` on an older results file (rows without ``scored_set``) said every attacker was scored on
+    one common set; those rows scored each attacker on its own tokens, and the header must say so."""
+    old = _row(8, "lora-private(rank=8,steps=50)", "lora-private", _m(0.79, 0.76, 0.82, 3186))
+    text = "\n".join(defenses_section({"rows": [old]}, tmp_path))
+    assert "predate the common scored set" in text and "exactly the cell's scored set" not in text
+    new = {**old, "scored_set": {"tokens": 3186, "documents": 96}}
+    text = "\n".join(defenses_section({"rows": [new]}, tmp_path))
+    assert "exactly the cell's scored set" in text and "predate" not in text
+
+
 def test_greedy_identity_counts_the_prompts_it_is_measured_on() -> None:
     """Greedy identity is a mean over the suite's prompts; its n is theirs, not the utility's teacher-forced
     positions (next-token agreement's n)."""
