@@ -212,9 +212,10 @@ def test_results_from_before_the_common_scored_set_are_not_described_as_scored_o
     old = _row(8, "lora-private(rank=8,steps=50)", "lora-private", _m(0.79, 0.76, 0.82, 3186))
     text = "\n".join(defenses_section({"rows": [old]}, tmp_path))
     assert "predate the common scored set" in text and "exactly the cell's scored set" not in text
+    assert "chat-form" not in text  # older rows measured utility on plain prose
     new = {**old, "scored_set": {"tokens": 3186, "documents": 96}}
     text = "\n".join(defenses_section({"rows": [new]}, tmp_path))
-    assert "exactly the cell's scored set" in text and "predate" not in text
+    assert "exactly the cell's scored set" in text and "predate" not in text and "chat-form" in text
 
 
 def test_greedy_identity_counts_the_prompts_it_is_measured_on() -> None:
