@@ -69,6 +69,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from attacks.base import Inversion, InversionAttack
 from attacks.errors import AttackError
@@ -299,7 +300,8 @@ class VocabMatch(InversionAttack):
         after_miss = np.zeros(n, bool)  # positions behind a miss in their sequence: their prefix is wrong
         # public positions (chat template, added special tokens) are known to the cloud: taken, not searched
         known = public_mask(taps) if hp.get("public_known", True) else np.zeros(n, bool)
-        for _, rows in taps.sequences():
+        # a progress bar on long runs (the head-8 exact matcher runs for tens of minutes), quiet on small inputs
+        for _, rows in tqdm(list(taps.sequences()), desc=self.name, unit="seq", leave=False, disable=n < 256):
             cache, missed = _PrefixCache(), False
             for pos, row in enumerate(range(rows.start, rows.stop)):
                 obs = torch.as_tensor(np.asarray(taps.hidden[row], dtype=np.float32), device=device)  # (d,)
