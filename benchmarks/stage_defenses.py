@@ -392,28 +392,28 @@ def defenses_section(data: dict, out) -> list[str]:
     size = (f" (per cell: {sset['user_tokens']} user-text tokens from each of up to {sset['docs_per_corpus']} "
             f"documents per corpus, floor {sset['min_tokens']} tokens from {sset['min_documents']} documents)"
             if sset else "")
-    current = bool(sset) or not rows or any("scored_set" in r for r in rows)
-    utility = ("Utility against the undefended model on held-out chat-form text (the model's template and special "
-               "tokens), intervals over sequences and prompts" if current else
-               "Utility against the undefended model as the run measured it (positions and prompts in the table; a "
-               "figure without an interval was measured before intervals were)")
-    if current:
+    if bool(sset) or not rows or any("scored_set" in r for r in rows):
         scoring = ("Recovery: the strongest attacker's top-1 on the victim's defended held-out states; every attacker "
                    "of a cell is scored on exactly the cell's scored set" + size + ": held-out, de-duplicated user "
                    "text of every corpus, chat user turns included, template and special positions public and scored "
                    "apart. ")
+        utility = ("Utility against the undefended model on held-out chat-form text (the model's template and "
+                   "special tokens), intervals over sequences and prompts")
+        caption = "Every attacker on the cell's scored set"
     else:  # results written before the common scored set: say how they were scored, not how new ones are
         scoring = ("Recovery: the strongest attacker's top-1 on the victim's defended held-out states. These results "
                    "predate the common scored set: each attacker was scored on its own tokens (the matcher on "
                    "sequence prefixes, learned attackers on every test token; n in the table), so two attackers "
                    "compare only where their n match, and paired differences are absent (-). ")
+        utility = ("Utility against the undefended model as the run measured it (positions and prompts in the table; "
+                   "a figure without an interval was measured before intervals were)")
+        caption = "Every attacker, each on its own tokens"
     lines = ["## Defenses against adaptive attackers", "",
              scoring + "Attackers know the mechanism and its public parameters, not its draws or secret weights. "
              "Differences (defended minus undefended, strongest minus each other attacker) are paired bootstraps "
              "over documents; * marks an interval that excludes 0. " + utility + "; cost measured under the "
              "defense (tok/s modelled at 80 ms, 100 Mbit/s).", "", SCOPE, "",
-             *recovery_table(rows), "", ("Every attacker on the cell's scored set" if current else
-                                          "Every attacker, each on its own tokens") + " (top-1 % [95% CI]):", "",
+             *recovery_table(rows), "", caption + " (top-1 % [95% CI]):", "",
              *attackers_table(rows), "", "Utility and cost:", "", *utility_table(rows)]
     lines += _baseline_lines(rows)
     if data.get("attacker_options"):

@@ -212,6 +212,11 @@ class VocabMatch(InversionAttack):
         cap = self.hparams["max_candidates"]
         return None if cap is None or int(cap) >= vocab else int(cap)
 
+    def _sequences(self, taps: Taps):
+        """``taps.sequences()`` with a progress bar on long runs (the head-8 exact matcher runs for minutes, the
+        beam for tens of them), quiet under 256 tokens."""
+        return tqdm(list(taps.sequences()), desc=self.name, unit="seq", leave=False, disable=taps.n_tokens < 256)
+
     def _orders(self, taps: Taps) -> tuple[torch.Tensor | None, np.ndarray | None]:
         """Proposer's predicted embeddings (N, d_e) or None, and the extra attacker's top-k (N, 16) or None."""
         extra = self.extra.invert(taps, 16).topk if self.extra is not None else None
@@ -300,8 +305,7 @@ class VocabMatch(InversionAttack):
         after_miss = np.zeros(n, bool)  # positions behind a miss in their sequence: their prefix is wrong
         # public positions (chat template, added special tokens) are known to the cloud: taken, not searched
         known = public_mask(taps) if hp.get("public_known", True) else np.zeros(n, bool)
-        # a progress bar on long runs (the head-8 exact matcher runs for tens of minutes), quiet on small inputs
-        for _, rows in tqdm(list(taps.sequences()), desc=self.name, unit="seq", leave=False, disable=n < 256):
+        for _, rows in self._sequences(taps):
             cache, missed = _PrefixCache(), False
             for pos, row in enumerate(range(rows.start, rows.stop)):
                 obs = torch.as_tensor(np.asarray(taps.hidden[row], dtype=np.float32), device=device)  # (d,)

@@ -60,7 +60,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from attacks.base import Inversion
 from attacks.defended import wire_dtype_of
@@ -250,7 +249,7 @@ class AdaptiveVocabMatch(VocabMatch):
         topk, scores = np.zeros((n, k), np.int64), np.zeros((n, k), np.float32)
         rows_run, t0 = 0, time.perf_counter()
         lm, lam = self.language_prior()
-        for _, rows in tqdm(list(taps.sequences()), desc=self.name, unit="seq", leave=False, disable=n < 256):
+        for _, rows in self._sequences(taps):
             obs = torch.as_tensor(np.asarray(taps.hidden[rows], dtype=np.float32), device=device)  # (T, d)
             cache = BeamCache()
 
