@@ -52,6 +52,7 @@ from attacks.metrics.baselines import TokenPrior, prior_to_json
 from attacks.tapdata import Taps, as_taps
 from attacks.trainer import digest, with_run
 from splitinfer.atomic import atomic_file, guard_overwrite, write_json
+from splitinfer.options import OptionTypeError, coerce_option
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +137,12 @@ class Attack(ABC):
         if unknown:
             raise AttackError(f"attack {self.name!r} has no hyper-parameter(s) {unknown}; it takes "
                               f"{sorted(self.defaults) or 'none'}")
+        for key, value in hparams.items():
+            try:
+                hparams[key] = coerce_option(value, self.defaults[key])
+            except OptionTypeError as e:
+                raise AttackError(f"{self.name} {key}={value!r} must be {e.want}; e.g. {key}={self.defaults[key]} "
+                                  f"(--attack-option {key}={self.defaults[key]})") from None
         self.hparams: dict[str, Any] = {**self.defaults, **hparams}
         self.seed = int(seed)
         self.model = model  # a splitinfer.models.LoadedModel, for recipes that need weights
@@ -406,6 +413,9 @@ def read_config(directory: str | Path) -> dict[str, Any]:
     """The validated ``config.json`` of an attack checkpoint directory."""
     directory = Path(directory)
     path = directory / CONFIG_NAME
+    if directory.is_file():
+        raise AttackError(f"{directory} is a file; point --attacker at the directory `splitinfer attack train --out` "
+                          "wrote")
     if not directory.is_dir():
         raise AttackError(f"attack checkpoint {directory} does not exist; train one with `splitinfer attack train`")
     if not path.is_file() or not (directory / TENSORS_NAME).is_file():

@@ -25,6 +25,7 @@ import logging
 import os
 import tempfile
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,18 +141,30 @@ def read_predictions(path: str | os.PathLike[str]) -> Predictions:
                           f"{VERSION}; rescore it with the splitinfer version that wrote it")
     if not docs:
         raise AttackError(f"{str(path)!r} holds no documents (the size cap left none); rerun with a larger cap")
-    pii = "offsets" in docs[0]
-    return Predictions(
-        doc_ids=[d["doc_id"] for d in docs], genres=[d.get("genre", "") for d in docs],
-        true=[np.asarray(d["true"], dtype=np.int64) for d in docs],
-        topk=[np.asarray(d["topk"], dtype=np.int64).reshape(len(d["true"]), -1) for d in docs],
-        positions=[np.asarray(d["positions"], dtype=np.int64) for d in docs],
-        template=[np.asarray(d["template"], dtype=bool) for d in docs],
-        offsets=[np.asarray(d["offsets"], dtype=np.int64).reshape(-1, 2) for d in docs] if pii else None,
-        spans=[d["pii_spans"] for d in docs] if pii else None,
-        prior=None if header.get("prior") is None else prior_from_json(header["prior"]),
-        settings=header["settings"], meta=header.get("meta") or {}, complete=bool(header.get("complete")),
-        n_documents_total=header.get("n_documents_total"))
+    if not isinstance(header.get("settings"), dict) or "ks" not in header["settings"]:
+        raise AttackError(f"{str(path)!r}: its header has no settings.ks (the top-k cut-offs it was scored at); the "
+                          "file is damaged: rerun the attack that wrote it")
+    try:
+        pii = "offsets" in docs[0]
+        pred = Predictions(
+            doc_ids=[d["doc_id"] for d in docs], genres=[d.get("genre", "") for d in docs],
+            true=[np.asarray(d["true"], dtype=np.int64) for d in docs],
+            topk=[np.asarray(d["topk"], dtype=np.int64).reshape(len(d["true"]), -1) for d in docs],
+            positions=[np.asarray(d["positions"], dtype=np.int64) for d in docs],
+            template=[np.asarray(d["template"], dtype=bool) for d in docs],
+            offsets=[np.asarray(d["offsets"], dtype=np.int64).reshape(-1, 2) for d in docs] if pii else None,
+            spans=[d["pii_spans"] for d in docs] if pii else None,
+            prior=None if header.get("prior") is None else prior_from_json(header["prior"]),
+            settings=header["settings"], meta=header.get("meta") or {}, complete=bool(header.get("complete")),
+            n_documents_total=header.get("n_documents_total"))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise AttackError(f"{str(path)!r}: a document line is malformed ({type(exc).__name__}: {exc}); the file is "
+                          "damaged: rerun the attack that wrote it") from None
+    repeated = sorted((d for d, n in Counter(pred.doc_ids).items() if n > 1), key=str)
+    if repeated:
+        raise AttackError(f"{str(path)!r}: document {repeated[0]!r} occurs twice, which would count its tokens "
+                          "twice; the file is damaged: rerun the attack that wrote it")
+    return pred
 
 
 def rescore(path: str | os.PathLike[str]) -> tuple[dict[str, dict[str, Any]], Predictions]:
@@ -178,8 +191,17 @@ def write_all(records: dict[str, Predictions], out_dir: str | os.PathLike[str]) 
 
 
 def _results_file(directory: Path) -> Path:
-    candidates = [directory / "results.json"] + sorted(directory.glob("*.json"))
-    for path in candidates:
+    main = directory / "results.json"
+    if main.is_file():  # never fall back to another document beside a damaged results.json
+        try:
+            doc = json.loads(main.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise AttackError(f"{str(main)!r} is not valid JSON ({exc}); the file is damaged: restore it") from None
+        if not (isinstance(doc, dict) and isinstance(doc.get("results"), dict)):
+            raise AttackError(f"{str(main)!r} has no 'results' table; pass the output directory of a suite run or "
+                              "of `bench attacks`")
+        return main
+    for path in sorted(directory.glob("*.json")):
         if path.is_file():
             try:
                 doc = json.loads(path.read_text(encoding="utf-8"))

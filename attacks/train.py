@@ -29,6 +29,7 @@ from splitinfer.cli_flags import (
     add_deprecated,
     add_model_args,
     add_subset,
+    finite_float,
     parse_options,
     positive_int,
     quiet_datasets,
@@ -64,6 +65,9 @@ def cmd_train(args) -> int:
     if len(boundaries) > 1 and not depth_id:
         raise AttackError(f"attack {klass.name!r} trains at one boundary; got {len(boundaries)}: {where}")
     out = Path(args.out)
+    blocked = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if blocked is not None:  # found now, not after minutes of extraction
+        raise AttackError(f"--out {out}: {blocked} is a file; give a directory path for the checkpoint")
     acc = get_accelerator()
     main = acc is None or acc.is_main_process
     model = ModelFlags.from_args(args)
@@ -275,7 +279,7 @@ def add_parsers(asub) -> None:
     t.add_argument("--max-length", type=positive_int, default=256, help="tokens per sequence (default %(default)s)")
     t.add_argument("--extract-batch-size", type=positive_int, default=4)
     t.add_argument("--epochs", type=positive_int, default=None)
-    t.add_argument("--lr", type=float, default=None)
+    t.add_argument("--lr", type=finite_float, default=None)
     t.add_argument("--batch-size", type=positive_int, default=None)
     t.add_argument("--attack-option", action="append", default=[], metavar="KEY=VALUE",
                    help="recipe hyper-parameter (repeatable), e.g. --attack-option protocol=seed "

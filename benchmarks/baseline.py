@@ -93,6 +93,12 @@ def fold(docs: list[tuple[Path, dict]]) -> dict:
 
 def cmd_baseline(args) -> int:
     paths = [results_path(p) for p in args.results]
+    seen: dict[Path, Path] = {}
+    for p in paths:
+        if p.resolve() in seen:
+            raise SchemaError(f"bench baseline: {p} is given twice (as {seen[p.resolve()]}); one run folded twice "
+                              "would show no spread: give each run's results once")
+        seen[p.resolve()] = p
     path = save(fold([(p, load(p)) for p in paths]), args.out)
     print(f"baseline of {len(paths)} runs written to {path}")
     return 0

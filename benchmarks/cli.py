@@ -17,9 +17,11 @@ from splitinfer.cli_flags import (
     add_model_args,
     add_wire_dtype,
     int_list,
+    positive_int,
     quiet_datasets,
     wire_list,
 )
+from splitinfer.errors import SplitInferError
 
 
 def cmd_speed(args) -> int:
@@ -39,6 +41,9 @@ def cmd_exactness(args) -> int:
     from benchmarks.bench_output import exactness_document, write
     from benchmarks.exactness import PROMPTS, SPLITS, format_exactness, run_exactness
 
+    if args.prompts > len(PROMPTS):
+        raise SplitInferError(f"--prompts {args.prompts}: there are {len(PROMPTS)} built-in prompts; "
+                              f"give 1-{len(PROMPTS)}")
     model = ModelFlags.from_args(args)
     loaded = model.load()
     splits = args.splits.split(";") if args.splits else SPLITS
@@ -148,7 +153,6 @@ def cmd_validate(args) -> int:
 
     from benchmarks.suite import load_suite
     from benchmarks.suite_names import check_names
-    from splitinfer.errors import SplitInferError
 
     bad = 0
     for name in args.suite:
@@ -195,7 +199,7 @@ def register(sub) -> None:
     e = bsub.add_parser("exactness", help="split vs unsplit greedy generation: token identity and logit diff")
     add_model_args(e, split_default=None)
     e.add_argument("--splits", default=None, help="splits separated by ';' (default 1,1;2,2;4,4;8,8;2,8;12,12)")
-    e.add_argument("--prompts", type=int, default=8, help="number of built-in prompts (max 8)")
+    e.add_argument("--prompts", type=positive_int, default=8, help="number of built-in prompts (1-8)")
     add_max_new_tokens(e, 64, "tokens generated per prompt")
     add_wire_dtype(e, "fp32,fp16", many=True)
     add_deprecated(e, "--wire", "--wire-dtype", "wire_dtype", type=wire_list)
@@ -237,12 +241,12 @@ def register(sub) -> None:
     add_model_args(x, split_default=None)
     x.add_argument("--depths", type=int_list, default=(1, 8, 16), help="head depths (default 1,8,16)")
     x.add_argument("--corpus", default="prose", help="corpus to extract (default %(default)s)")
-    x.add_argument("--max-tokens", type=int, default=8192, help="corpus tokens per measurement (default %(default)s)")
-    add_deprecated(x, "--tokens", "--max-tokens", "max_tokens", type=int)
+    x.add_argument("--max-tokens", type=positive_int, default=8192, help="corpus tokens per measurement (default %(default)s)")
+    add_deprecated(x, "--tokens", "--max-tokens", "max_tokens", type=positive_int)
     x.add_argument("--max-length", type=int, default=256)
     x.add_argument("--batch-size", type=int, default=4)
-    x.add_argument("--repeats", type=int, default=2, help="alternating runs; the fastest counts")
-    x.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    x.add_argument("--repeats", type=positive_int, default=2, help="alternating runs; the fastest counts")
+    x.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's own)")
     x.add_argument("--out", default=None, help="also write the results document (JSON) here")
     x.set_defaults(func=cmd_extract)
     register_attacks_depth(bsub)

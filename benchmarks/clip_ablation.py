@@ -35,6 +35,7 @@ from tqdm import tqdm
 from benchmarks.bench_output import document, write_dir
 from benchmarks.schema import add_metric, metric
 from benchmarks.stage_defenses import defended_utility, median_clip, split_taps, utility_sequences
+from splitinfer.cli_flags import finite_float
 from splitinfer.defenses import DefensePipeline
 from splitinfer.defenses.base import DefenseError
 from splitinfer.defenses.noise import Noise, clip_rows
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--depths", default="2,8", help="head depths (default 2,8)")
     p.add_argument("--sigmas", default="0,0.005,0.01,0.02", help="noise sigmas, in units of C (default 0,0.005,0.01,0.02)")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"subset of {','.join(VARIANTS)}")
-    p.add_argument("--clip", type=float, default=None,
+    p.add_argument("--clip", type=finite_float, default=None,
                    help="C (default: the defenses stage's, the median state norm of --train-tokens training tokens)")
     p.add_argument("--train-tokens", type=int, default=40000, help="for the default C (default 40000, the full suite's)")
     p.add_argument("--test-tokens", type=int, default=4000, help="held-out taps (default 4000, the full suite's)")

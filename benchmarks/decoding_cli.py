@@ -6,20 +6,29 @@ from pathlib import Path
 
 from benchmarks.prompt_sets import SPLITS
 from splitinfer import atomic
-from splitinfer.cli_flags import ModelFlags, add_deprecated, add_model_args, parse_options, split_options
+from splitinfer.cli_flags import (
+    ModelFlags,
+    add_deprecated,
+    add_model_args,
+    finite_float,
+    parse_options,
+    split_options,
+)
 from splitinfer.errors import SplitInferError
 
 
 def cmd_decoding(args) -> int:
-    import json
-
     from benchmarks.bench_output import decoding_document, write
     from benchmarks.decoding import run_decoding_bench, save
     from benchmarks.decoding_report import format_report, plot, summarize, targets
+    from benchmarks.schema import read_json
 
     out = Path(args.out)
     if args.report_only:
-        results = json.loads(Path(args.report_only).read_text())
+        results = read_json(args.report_only)
+        if not (isinstance(results, dict) and "step_model" in results):
+            raise SplitInferError(f"{args.report_only} is not a bench decoding run (no step_model); give the "
+                                  "decoding.json that bench decoding wrote")
     else:
         from splitinfer.client import SplitModel
 
@@ -117,7 +126,7 @@ def register(bsub) -> None:
     d.add_argument("--ablation-prompts", type=int, default=0,
                    help="prompts per category for the lookahead N sweep (real runs, with lookahead among "
                         "--proposers; default %(default)s: none)")
-    d.add_argument("--tolerance", type=float, default=1e-4, help="max |logit difference| (default %(default)s)")
+    d.add_argument("--tolerance", type=finite_float, default=1e-4, help="max |logit difference| (default %(default)s)")
     d.add_argument("--draft-calibration", default=None, metavar="PATH",
                    help="warm-start local-draft's bridge (see `splitinfer draft-calibrate`; default: online fit only)")
     d.add_argument("--draft-head", default=None, metavar="DIR",

@@ -53,6 +53,20 @@ def check_shards(docs: list[tuple[Path, dict]], partial: bool = False) -> tuple[
     for path, d in docs:
         if "shard" not in d:
             raise SchemaError(f"{path} is not a shard (no 'shard' key): make shards with bench run --shard I/N")
+        shard = d["shard"]
+        if not (isinstance(shard, dict) and all(isinstance(shard.get(k), int) and not isinstance(shard.get(k), bool)
+                                                for k in ("index", "count"))
+                and shard["count"] >= 1 and 0 <= shard["index"] < shard["count"]):
+            raise SchemaError(f"{path}: shard {shard!r} is not an index I of a count N with 0 <= I < N; "
+                              "the file is damaged: rerun that shard with bench run --shard I/N")
+        if not isinstance(d.get("data"), dict):
+            raise SchemaError(f"{path}: the shard has no 'data' table (its grid rows); the file is damaged: "
+                              "rerun that shard with bench run --shard I/N")
+        for name, part in d["data"].items():
+            rows = part.get("rows", []) if isinstance(part, dict) and name in STAGES else []
+            if not (isinstance(rows, list) and all(isinstance(r, dict) for r in rows)):
+                raise SchemaError(f"{path}: data.{name}.rows is not a list of rows; the file is damaged: "
+                                  "rerun that shard with bench run --shard I/N")
     (p0, d0) = docs[0]
     for path, d in docs[1:]:
         for key in ("suite", "schema_version"):
@@ -188,8 +202,12 @@ def merge_dirs(out_dir: str | Path, shard_dirs: list[str | Path], partial: bool 
     from benchmarks.report import write_report
 
     docs = [(results_path(s), load(results_path(s))) for s in shard_dirs]
-    merged = merge_results(docs, partial)
     out = Path(out_dir)
+    inside = [p for p, _ in docs if p.parent.resolve() == out.resolve()]
+    if inside:
+        raise SchemaError(f"bench merge: the output {out} is shard {inside[0].parent}; merging there would overwrite "
+                          "it: give a new directory for the merged run")
+    merged = merge_results(docs, partial)
     out.mkdir(parents=True, exist_ok=True)
     copy_predictions([path.parent for path, _ in docs], out)
     path = save(merged, out / "results.json")

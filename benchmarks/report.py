@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmarks import plots
+from benchmarks.schema import SchemaError
 
 
 def _pct(x: float | None) -> str:
@@ -178,11 +179,22 @@ def plugin_lines(results: dict) -> list[str]:
     return lines
 
 
+_SUITE_CONFIG = ("model", "model_sha256", "num_layers")  # what a bench run's config always holds
+
+
 def write_report(results: dict, out_dir: str | Path) -> Path:
     """Write report.md and the PNG plots next to results.json; return the report's path."""
     out = Path(out_dir)
     data = results.get("data", {})
     cfg = results["config"]
+    missing = [k for k in _SUITE_CONFIG if k not in cfg]
+    if missing:
+        raise SchemaError(f"a {results['suite']!r} results document is not a suite run's (its config lacks "
+                          f"{', '.join(missing)}): bench report renders what bench run wrote; the benchmark that "
+                          "wrote this file writes its own report")
+    if not isinstance(data, dict):
+        raise SchemaError(f"the results document's data is a {type(data).__name__}, not a table of stages; the file "
+                          "is damaged: rerun the suite")
     figs: list[tuple[str, Path | None]] = []
     speed = data.get("speed", [])
     att = data.get("attacks") or {}

@@ -322,15 +322,15 @@ def validate(results: Any) -> None:
     """Raise SchemaError, naming the bad path, unless ``results`` follows the schema."""
     if not isinstance(results, dict):
         raise SchemaError(f"results document is not an object (got {type(results).__name__})")
+    version = results.get("schema_version")
+    if "schema_version" in results and (not isinstance(version, int) or isinstance(version, bool)):
+        raise SchemaError(f"schema_version is not an integer (got {_describe(version)})")
+    if version is not None and version != SCHEMA_VERSION:  # first: another version may lay its keys out otherwise
+        hint = "written by a newer splitinfer; upgrade" if version > SCHEMA_VERSION else "regenerate it"
+        raise SchemaError(f"schema_version is {version}, this code reads {SCHEMA_VERSION} ({hint})")
     for key in _TOP_REQUIRED:
         if key not in results:
             raise SchemaError(f"{key} is missing from the results document")
-    version = results["schema_version"]
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise SchemaError(f"schema_version is not an integer (got {_describe(version)})")
-    if version != SCHEMA_VERSION:
-        hint = "written by a newer splitinfer; upgrade" if version > SCHEMA_VERSION else "regenerate it"
-        raise SchemaError(f"schema_version is {version}, this code reads {SCHEMA_VERSION} ({hint})")
     minor = results.get("schema_minor", 0)
     if not isinstance(minor, int) or isinstance(minor, bool) or minor < 0:
         raise SchemaError(f"schema_minor is not a non-negative integer (got {_describe(minor)})")
@@ -338,6 +338,13 @@ def validate(results: Any) -> None:
         raise SchemaError(f"suite is not a non-empty string (got {_describe(results['suite'])})")
     if not isinstance(results["config"], dict):
         raise SchemaError(f"config is not an object (got {type(results['config']).__name__})")
+    plugins = results["config"].get("plugins")
+    if plugins is not None and not (isinstance(plugins, list) and all(
+            isinstance(p, dict) and isinstance(p.get("name"), str) for p in plugins)):
+        raise SchemaError(f"config.plugins is not a list of {{name, digest, version}} objects "
+                          f"(got {_describe(plugins)})")
+    if "shard" in results and not isinstance(results["shard"], dict):
+        raise SchemaError(f"shard is not an object (got {type(results['shard']).__name__})")
     if not isinstance(results["git_hash"], str) or not results["git_hash"]:
         raise SchemaError(f"git_hash is not a non-empty string (got {_describe(results['git_hash'])})")
     if results["git_dirty"] is not None and not isinstance(results["git_dirty"], bool):

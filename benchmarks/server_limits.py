@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from splitinfer.cli_flags import finite_float
 from splitinfer.protocol import PROTOCOL_VERSION, decode_frame, encode_frame
 
 TOKEN = "benchmark-token-0123456789"
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--round-trips", type=int, default=300)
     p.add_argument("--flood", default="16,32", help="hostile connection threads, comma-separated runs "
                    "(the pending pool holds 16; a quarter of them send an oversized first frame)")
-    p.add_argument("--pause-ms", type=float, default=20.0,
+    p.add_argument("--pause-ms", type=finite_float, default=20.0,
                    help="second run per flood size: hostile clients wait this long before reconnecting")
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore", category=DeprecationWarning, module="websockets")

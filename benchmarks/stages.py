@@ -26,6 +26,7 @@ Adding a stage: write ``benchmarks/stage_<name>.py`` with one entry function and
 from __future__ import annotations
 
 import importlib
+import math
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, fields, make_dataclass
@@ -53,6 +54,9 @@ class StageConfig:
                 continue
             if not isinstance(value, want) or (isinstance(value, bool) and want is not bool):
                 raise SplitInferError(f"{where}: {key} must be {want.__name__}, got {value!r}")
+            numbers = value if isinstance(value, list) else [value]
+            if any(isinstance(x, float) and not math.isfinite(x) for x in numbers):
+                raise SplitInferError(f"{where}: {key} must hold finite numbers, got {value!r}")
         if table.get("budget_s") is not None and table["budget_s"] <= 0:
             raise SplitInferError(f"{where}: budget_s must be > 0 seconds, got {table['budget_s']!r}")
         return cls(**table)

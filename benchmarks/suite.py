@@ -80,9 +80,11 @@ def load_suite(name_or_path: str) -> Suite:
     """Load ``NAME`` from benchmarks/suites/NAME.toml, or a TOML file path; validate every key."""
     path = suite_path(name_or_path)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise SplitInferError(f"suite file {path} is not valid TOML: {e}") from None
+    except UnicodeDecodeError:
+        raise SplitInferError(f"suite file {path} is not UTF-8 text; save it as UTF-8 (TOML requires it)") from None
     top = {k: v for k, v in data.items() if not isinstance(v, dict)}
     _check_top(top, str(path))
     configs = {}

@@ -13,6 +13,7 @@ never a traceback.
 
 from __future__ import annotations
 
+import errno
 import logging
 import sys
 
@@ -59,6 +60,23 @@ def plugin_args(argv: list[str]) -> tuple[list[str], list[str]]:
     return plugins, rest
 
 
+_OS_FIXES = {
+    errno.EEXIST: "a file is in the way of a directory there: choose another path or move the file",
+    errno.ENOTDIR: "part of the path is a file, not a directory: choose another path",
+    errno.EISDIR: "it is a directory: give a file path",
+    errno.ENOENT: "check the path (its directory must exist)",
+    errno.EACCES: "choose a path you can write to",
+    errno.ENOSPC: "free some disk space and run it again",
+}
+
+
+def os_error_line(e: OSError) -> str:
+    """One line for an OSError: the path, what is wrong with it and what to do."""
+    fix = _OS_FIXES.get(e.errno or -1, "check the path")
+    where = f"{e.filename}: " if e.filename is not None else ""
+    return f"{where}{e.strerror or e}; {fix}"
+
+
 def main(argv: list[str] | None = None) -> int:
     from attacks.errors import AttackError
     from attacks.plugins import discover, load_modules
@@ -83,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except (SplitInferError, AttackError, SchemaError) as e:
         print(f"splitinfer: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # an output or input path that cannot be used (exists as a file, is a directory, ...)
+        print(f"splitinfer: error: {os_error_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("splitinfer: interrupted", file=sys.stderr)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -89,16 +90,33 @@ def _list_of(cast, what: str):
             raise argparse.ArgumentTypeError(f"{text!r} is empty; give a comma list of {what}")
         try:
             return tuple(cast(x) for x in items)
-        except ValueError:
+        except (ValueError, argparse.ArgumentTypeError):
             raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of {what}, e.g. 0,20,80") from None
 
     parse.__name__ = f"list of {what}"
     return parse
 
 
-float_list = _list_of(float, "numbers")
+def finite_float(text: str) -> float:
+    """argparse type: a finite number (NaN and inf are refused: every comparison with NaN is false, so a NaN
+    flag would pass any later range check and run)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+float_list = _list_of(finite_float, "finite numbers")
 int_list = _list_of(int, "integers")
 name_list = _list_of(str, "names")
+
+
+def positive_int_list(text: str) -> tuple:
+    """argparse type: a comma list of integers >= 1."""
+    return tuple(positive_int(x) for x in int_list(text))
 
 
 def optional_int_list(text: str) -> tuple:
@@ -187,10 +205,17 @@ class ModelFlags:
     def load(self):
         """The :class:`~splitinfer.models.LoadedModel` these flags name."""
         from splitinfer.models import load_model
+        from splitinfer.server_config import check_device
 
+        check_device(self.device)
         log.info("loading model %s", self.model)
-        return load_model(self.model, dtype=self.dtype, device=self.device, seed=self.seed,
-                          batch_invariant=self.batch_invariant)
+        try:
+            return load_model(self.model, dtype=self.dtype, device=self.device, seed=self.seed,
+                              batch_invariant=self.batch_invariant)
+        except (OSError, ValueError) as e:  # a damaged checkpoint, GGUF or tokenizer; a missing path says so itself
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise SplitInferError(f"cannot load model {self.model!r}: {first}; give a model directory with "
+                                  "config.json, weights and tokenizer, a .gguf file, or a name from --help") from None
 
 
 def add_model_args(p: argparse.ArgumentParser, split_default: str | None = "2,2", seed: bool = True) -> None:
@@ -255,18 +280,19 @@ def add_link_args(p: argparse.ArgumentParser, rtt_default: str = "0", bandwidth_
     """``--rtt-ms`` (a comma list), ``--bandwidth-mbps``, ``--jitter-ms`` and ``--wire-dtype``."""
     p.add_argument("--rtt-ms", type=float_list, default=float_list(rtt_default),
                    help=f"emulated round-trip time(s) in ms, comma-separated (default {rtt_default})")
-    p.add_argument("--bandwidth-mbps", type=float, default=bandwidth_default,
+    p.add_argument("--bandwidth-mbps", type=finite_float, default=bandwidth_default,
                    help="emulated bandwidth in Mbit/s (default %s)" % ("unlimited" if bandwidth_default is None
                                                                        else "%(default)s"))
     if jitter:
-        p.add_argument("--jitter-ms", type=float, default=0.0, help="std-dev of emulated RTT jitter in ms (seeded)")
+        p.add_argument("--jitter-ms", type=finite_float, default=0.0,
+                       help="std-dev of emulated RTT jitter in ms (seeded)")
     add_wire_dtype(p)
 
 
 def add_max_new_tokens(p: argparse.ArgumentParser, default: int, what: str) -> None:
     """``--max-new-tokens`` (generated tokens), with the old ``--tokens`` as a deprecated alias."""
-    p.add_argument("--max-new-tokens", type=int, default=default, help=f"{what} (default %(default)s)")
-    add_deprecated(p, "--tokens", "--max-new-tokens", "max_new_tokens", type=int)
+    p.add_argument("--max-new-tokens", type=positive_int, default=default, help=f"{what} (default %(default)s)")
+    add_deprecated(p, "--tokens", "--max-new-tokens", "max_new_tokens", type=positive_int)
 
 
 def add_subset(p: argparse.ArgumentParser, help_default: str) -> None:

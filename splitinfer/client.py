@@ -277,7 +277,7 @@ class SplitModel:
         """
         if max_new_tokens < 1:
             raise SplitInferError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if temperature < 0 or not 0 < top_p <= 1:
+        if not 0 <= temperature < float("inf") or not 0 < top_p <= 1:  # NaN fails both
             raise SplitInferError(f"need temperature >= 0 and 0 < top_p <= 1 (got {temperature}, {top_p})")
         prompt_ids = self.encode_prompt(prompt, chat)
         if self.max_context and len(prompt_ids) + max_new_tokens > self.max_context:

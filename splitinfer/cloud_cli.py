@@ -14,7 +14,7 @@ import logging
 import sys
 from dataclasses import dataclass
 
-from splitinfer.cli_flags import LinkFlags, ModelFlags, add_link_args, add_model_args
+from splitinfer.cli_flags import LinkFlags, ModelFlags, add_link_args, add_model_args, finite_float
 from splitinfer.errors import SplitInferError
 
 log = logging.getLogger(__name__)
@@ -188,29 +188,31 @@ def register(sub) -> None:
     s.add_argument("--max-connections", type=int, default=128, help="logged-in connections")
     s.add_argument("--max-pending", type=int, default=16,
                    help="connections not logged in yet (oldest dropped when full; default %(default)s)")
-    s.add_argument("--hello-max-kb", type=float, default=64.0, help="frame limit before the hello, in KiB")
-    s.add_argument("--connection-idle-s", type=float, default=300.0,
+    s.add_argument("--hello-max-kb", type=finite_float, default=64.0, help="frame limit before the hello, in KiB")
+    s.add_argument("--connection-idle-s", type=finite_float, default=300.0,
                    help="drop a logged-in connection without a forward for this long")
-    s.add_argument("--message-timeout-s", type=float, default=60.0,
+    s.add_argument("--message-timeout-s", type=finite_float, default=60.0,
                    help="drop a client whose message takes longer than this to arrive")
     s.add_argument("--stats-all", action="store_true",
                    help="operator mode: `stats` shows server-wide figures to every client (default: own sessions)")
     s.add_argument("--max-context", type=int, default=4096, help="tokens per session")
-    s.add_argument("--idle-timeout-s", type=float, default=300.0, help="drop sessions idle this long")
-    s.add_argument("--max-frame-mb", type=float, default=64.0, help="largest frame accepted, in MiB")
-    s.add_argument("--max-inflight-mb", type=float, default=None,
+    s.add_argument("--idle-timeout-s", type=finite_float, default=300.0, help="drop sessions idle this long")
+    s.add_argument("--max-frame-mb", type=finite_float, default=64.0, help="largest frame accepted, in MiB")
+    s.add_argument("--max-inflight-mb", type=finite_float, default=None,
                    help="request bytes held at once over all connections, in MiB; beyond it the server stops "
                         "reading until replies go out (default: a sixteenth of physical memory)")
-    s.add_argument("--hello-timeout-s", type=float, default=5.0, help="drop connections without a hello this long")
-    s.add_argument("--open-timeout-s", type=float, default=10.0, help="limit on the TLS + WebSocket handshake")
-    s.add_argument("--ping-interval-s", type=float, default=20.0, help="keepalive ping period")
-    s.add_argument("--ping-timeout-s", type=float, default=20.0, help="drop a client that does not answer a ping")
-    s.add_argument("--close-timeout-s", type=float, default=5.0, help="wait this long for a peer's close reply")
+    s.add_argument("--hello-timeout-s", type=finite_float, default=5.0,
+                   help="drop connections without a hello this long")
+    s.add_argument("--open-timeout-s", type=finite_float, default=10.0, help="limit on the TLS + WebSocket handshake")
+    s.add_argument("--ping-interval-s", type=finite_float, default=20.0, help="keepalive ping period")
+    s.add_argument("--ping-timeout-s", type=finite_float, default=20.0,
+                   help="drop a client that does not answer a ping")
+    s.add_argument("--close-timeout-s", type=finite_float, default=5.0, help="wait this long for a peer's close reply")
     s.add_argument("--workers", type=int, default=4,
                    help="threads handling requests (at least --max-batch are started; default %(default)s)")
     s.add_argument("--max-batch", type=int, default=16,
                    help="sessions' body steps run as one packed forward (1 = no batching; default %(default)s)")
-    s.add_argument("--batch-window-ms", type=float, default=5.0,
+    s.add_argument("--batch-window-ms", type=finite_float, default=5.0,
                    help="how long the first ready step waits for other sessions' steps (default %(default)s)")
     add_defense_args(s)
     s.set_defaults(func=cmd_serve)
@@ -221,6 +223,6 @@ def register(sub) -> None:
     add_cloud_args(c)
     c.add_argument("--max-new-tokens", type=int, default=256, help="per reply")
     c.add_argument("--system", default=None, help="optional system prompt")
-    c.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    c.add_argument("--top-p", type=float, default=1.0)
+    c.add_argument("--temperature", type=finite_float, default=0.0, help="0 = greedy (default)")
+    c.add_argument("--top-p", type=finite_float, default=1.0)
     c.set_defaults(func=cmd_chat)

@@ -17,6 +17,7 @@ from splitinfer.cli_flags import (
     add_link_args,
     add_model_args,
     add_wire_dtype,
+    finite_float,
     name_list,
 )
 
@@ -114,8 +115,8 @@ def register(sub) -> None:
     add_cloud_args(g)
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--temperature", type=finite_float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-p", type=finite_float, default=1.0)
     g.add_argument("--json", action="store_true", help="print a JSON summary as the last line of stdout")
     add_decoding_args(g)
     add_defense_args(g)
@@ -128,7 +129,7 @@ def register(sub) -> None:
                    help="comma list of corpora (train split; default %(default)s)")
     c.add_argument("--max-tokens", type=int, default=16000, help="tokens in all (default %(default)s)")
     c.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (default %(default)s)")
-    c.add_argument("--ridge", type=float, default=30.0, help="ridge penalty in samples (default %(default)s)")
+    c.add_argument("--ridge", type=finite_float, default=30.0, help="ridge penalty in samples (default %(default)s)")
     add_wire_dtype(c)
     c.add_argument("--out", required=True, help="output path: writes OUT.safetensors and OUT.json")
     c.add_argument("--force", action="store_true", help="overwrite OUT even if it holds a different calibration")

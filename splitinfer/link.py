@@ -11,6 +11,8 @@ seeded jitter and a bandwidth limit, applied as a sleep per round trip
 
 from __future__ import annotations
 
+import math
+
 import random
 import time
 from abc import ABC, abstractmethod
@@ -29,12 +31,13 @@ class WanProfile:
     seed: int = 0
 
     def __post_init__(self):
-        if self.rtt_ms < 0:
-            raise SplitInferError(f"rtt_ms must be >= 0, got {self.rtt_ms}")
-        if self.bandwidth_mbps is not None and self.bandwidth_mbps <= 0:
-            raise SplitInferError(f"bandwidth_mbps must be > 0, got {self.bandwidth_mbps}")
-        if self.jitter_ms < 0:
-            raise SplitInferError(f"jitter_ms must be >= 0, got {self.jitter_ms}")
+        # written so that NaN fails every check (NaN < 0 is false)
+        if not 0 <= self.rtt_ms < math.inf:
+            raise SplitInferError(f"rtt_ms must be a finite number >= 0, got {self.rtt_ms}")
+        if self.bandwidth_mbps is not None and not 0 < self.bandwidth_mbps < math.inf:
+            raise SplitInferError(f"bandwidth_mbps must be a finite number > 0, got {self.bandwidth_mbps}")
+        if not 0 <= self.jitter_ms < math.inf:
+            raise SplitInferError(f"jitter_ms must be a finite number >= 0, got {self.jitter_ms}")
 
     def transfer_s(self, nbytes: int) -> float:
         return 0.0 if self.bandwidth_mbps is None else nbytes * 8 / (self.bandwidth_mbps * 1e6)

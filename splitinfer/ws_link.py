@@ -91,6 +91,11 @@ class WebSocketLink(Link):
         parts = urlsplit(url)
         if parts.scheme not in ("ws", "wss") or not parts.hostname:
             raise SplitInferError(f"bad cloud URL {url!r}: expected ws://HOST:PORT or wss://HOST:PORT")
+        try:
+            parts.port  # noqa: B018  (urlsplit checks the port only when it is read)
+        except ValueError:
+            raise SplitInferError(f"bad cloud URL {url!r}: the port must be a number 0-65535, e.g. "
+                                  "ws://127.0.0.1:8765") from None
         if connect_attempts < 1 or reconnect_attempts < 1 or backoff_s < 0:
             raise SplitInferError("connect_attempts and reconnect_attempts must be >= 1 and backoff_s >= 0")
         self.url = url
@@ -101,6 +106,9 @@ class WebSocketLink(Link):
         self.reconnects = 0
         self._ssl = None
         if parts.scheme == "wss":
+            if ca_file and not Path(ca_file).is_file():
+                raise SplitInferError(f"--tls-ca {ca_file}: no such file; give the PEM file of the CA that signed "
+                                      "the server's certificate")
             self._ssl = ssl.create_default_context(cafile=ca_file)
         elif ca_file:
             raise SplitInferError(f"--tls-ca given but the URL {url!r} is not wss://")

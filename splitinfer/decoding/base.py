@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from splitinfer.decoding.tree import validate_parents
 from splitinfer.errors import SplitInferError
+from splitinfer.options import OptionTypeError, coerce_option
 from splitinfer.timing import StepCostModel
 
 if TYPE_CHECKING:
@@ -119,6 +121,18 @@ class SizingOptions:
     step_ms: float | None = None
     token_ms: float | None = None
     decay: float = 0.98
+
+    def __post_init__(self):
+        for key in ("rtt_ms", "bandwidth_mbps", "step_ms", "token_ms"):  # None: the run's link, or fitted online
+            value = getattr(self, key)
+            if value is None:
+                continue
+            number = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+            if not number or value < 0 or (key == "bandwidth_mbps" and value == 0):
+                bound = "> 0" if key == "bandwidth_mbps" else ">= 0"
+                raise SplitInferError(f"option {key}={value!r} must be a finite number {bound}, or left unset")
+        if isinstance(self.decay, bool) or not isinstance(self.decay, (int, float)) or not 0 < self.decay <= 1:
+            raise SplitInferError(f"option decay={self.decay!r} must be a number in (0, 1]")
 
     def link(self) -> dict[str, float | None]:
         """The step-cost options alone (what a sized proposer hands the sources it combines)."""
@@ -312,6 +326,12 @@ def make_proposer(name: str, **options) -> Proposer:
     if bad:
         takes = ", ".join(f"{k}={v!r}" for k, v in accepted.items()) or "no options"
         raise SplitInferError(f"decoding {name!r} does not take option(s) {', '.join(bad)}; it takes {takes}")
+    for key, value in options.items():
+        try:
+            options[key] = coerce_option(value, accepted[key])
+        except OptionTypeError as e:
+            raise SplitInferError(f"decoding {name!r}: option {key}={value!r} must be {e.want}; "
+                                  f"e.g. --decoding-option {key}={accepted[key]}") from None
     return cls(**options)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-from splitinfer.cli_flags import parse_options
+from splitinfer.cli_flags import finite_float, parse_options
 
 # flag -> proposer option it sets (None = leave the proposer's default)
 FLAGS = {
@@ -26,7 +26,8 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decoding", default="sequential", choices=list_proposers(),
                    help="proposer whose drafts are verified each round trip (default %(default)s; combined sizes "
                         "its draft for the link's RTT, see --draft-rtt-ms)")
-    p.add_argument("--draft-rtt-ms", dest="draft_rtt_ms", type=float, default=None, metavar="MS", help=SIZING_HELP)
+    p.add_argument("--draft-rtt-ms", dest="draft_rtt_ms", type=finite_float, default=None, metavar="MS",
+                   help=SIZING_HELP)
     p.add_argument("--draft-budget", type=int, default=None, metavar="T",
                    help="max draft tokens per step (prompt-lookup, suffix, combined, local-draft, feature-draft)")
     p.add_argument("--ngram", type=int, default=None, metavar="N",

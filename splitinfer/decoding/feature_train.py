@@ -205,7 +205,7 @@ def train_head(data: dict, emb, lm_head, *, hidden: int, unroll: int, steps: int
     torch.manual_seed(seed)
     feats, tokens, labels, starts = data["feats"], data["tokens"], data["labels"], data["starts"]
     if len(starts) == 0:
-        raise SplitInferError("no training windows: give more --tokens (sequences are shorter than the unroll)")
+        raise SplitInferError("no training windows: give more --train-tokens (sequences are shorter than the unroll)")
     head = FeatureHead(feats.shape[1], hidden).to(feats.device)
     opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0)
     warm = max(1, steps // 20)
@@ -271,7 +271,7 @@ def draft_train(loaded, *, tokens: int = 12000, seed: int = 0, hidden: int = 102
     from splitinfer.client import eos_ids
 
     if tokens < 1 or steps < 1 or unroll < 1 or hidden < 1 or batch < 1 or max_new < 2:
-        raise SplitInferError("draft-train needs --tokens, --steps, --unroll, --hidden and --batch >= 1")
+        raise SplitInferError("draft-train needs --train-tokens, --steps, --unroll, --hidden and --batch >= 1")
     if vocab < 0:
         raise SplitInferError(f"--vocab must be >= 0 (0 = the whole vocabulary), got {vocab}")
     random.seed(seed)

@@ -26,7 +26,7 @@ class ModelDrafter(Proposer):
     def _init_drafter(self, sizing: dict, draft_ms: float | None = None) -> None:
         """Set up sizing from the constructor's ``**sizing`` options (:class:`SizingOptions`) and ``draft_ms``."""
         if draft_ms is not None and (isinstance(draft_ms, bool) or not isinstance(draft_ms, (int, float))
-                                     or draft_ms < 0):
+                                     or not 0 <= draft_ms < float("inf")):
             raise SplitInferError(f"option draft_ms must be a number >= 0 (ms per drafted token), got {draft_ms!r}")
         opts = SizingOptions(**sizing)
         self.adaptive, self.decay = bool(opts.adaptive), float(opts.decay)

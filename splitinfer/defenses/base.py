@@ -26,12 +26,12 @@ strings.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 from splitinfer.errors import SplitInferError
+from splitinfer.options import OptionTypeError, coerce_option, parse_option_value
 from splitinfer.registry import claim, import_modules, lookup
 
 __all__ = ["DefenseError", "Defense", "register_defense", "list_defenses", "get_defense_class", "parse_items",
@@ -136,15 +136,6 @@ _KEY = re.compile(r"^[a-z][a-z0-9_]*$")
 _SPLIT_PARAMS = re.compile(r",(?=\s*[a-z][a-z0-9_]*\s*=)")  # commas that start a new KEY=
 
 
-def parse_option_value(text: str) -> Any:
-    """A JSON scalar when the text parses as one, else the string itself."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return text
-    return value if isinstance(value, (bool, int, float, str)) or value is None else text
-
-
 def _fmt(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -159,30 +150,9 @@ def _coerce(cls: type[Defense], key: str, value: Any) -> Any:
         raise DefenseError(f"defense {cls.name!r} has no parameter {key!r}; its parameters: {', '.join(fields)}")
     default = fields[key].default
     try:
-        if isinstance(default, bool):
-            if isinstance(value, str) and value.lower() in ("true", "false"):
-                return value.lower() == "true"
-            if not isinstance(value, bool):
-                raise ValueError
-            return value
-        if isinstance(default, tuple):
-            items = value.split(",") if isinstance(value, str) else [value]
-            parsed = [parse_option_value(str(v).strip()) for v in items if str(v).strip()]
-            if not all(isinstance(v, int) and not isinstance(v, bool) for v in parsed):
-                raise ValueError  # 2.5 would silently become 2
-            return tuple(parsed)
-        if isinstance(default, float):
-            if isinstance(value, bool):
-                raise ValueError
-            return float(value)
-        if isinstance(default, int):
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError
-            return int(value)
-        return str(value)
-    except (TypeError, ValueError):
-        want = type(default).__name__ if not isinstance(default, tuple) else "comma-separated integers"
-        raise DefenseError(f"defense {cls.name!r}: parameter {key}={value!r} must be {want}; "
+        return str(value) if isinstance(default, str) else coerce_option(value, default)
+    except OptionTypeError as e:
+        raise DefenseError(f"defense {cls.name!r}: parameter {key}={value!r} must be {e.want}; "
                            f"e.g. --defense-option {cls.name}.{key}={_fmt(default)}") from None
 
 
@@ -232,6 +202,8 @@ def _raw_items(spec: str, options: Iterable[str] | dict[str, Any]) -> list[tuple
                 key, eq, value = kv.partition("=")
                 if not eq or not _KEY.match(key.strip()):
                     raise DefenseError(f"bad parameter {kv!r} in defense {item!r}; write KEY=VALUE")
+                if key.strip() in params:
+                    raise DefenseError(f"defense {item!r} sets {key.strip()} twice; give each parameter once")
                 params[key.strip()] = parse_option_value(value.strip())
             raw.append((m.group(1), params))
     names = [n for n, _ in raw]

@@ -116,7 +116,7 @@ class LoraPrivate(HeadLora):
 
     def validate(self) -> None:
         if self.rank < 1 or self.steps < 0:
-            raise DefenseError("lora-private: need rank >= 1 and steps >= 0; e.g. --defense-option lora-private.rank=8")
+            raise DefenseError(f"{self.name}: need rank >= 1 and steps >= 0; e.g. --defense-option {self.name}.rank=8")
 
     def describe(self) -> str:
         """The public label: the adapter's location is part of the secret."""

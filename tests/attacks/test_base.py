@@ -61,6 +61,12 @@ def test_unknown_attack_and_hparam_are_clear_errors() -> None:
         make_attack("linear-probe", bogus=1)
     with pytest.raises(AttackError, match="protocol"):
         make_attack("mlp", protocol="weird")
+    # hyper-parameters take their default's type when the attack is made, before any extraction
+    with pytest.raises(AttackError, match=r"linear-probe epochs='abc' must be an integer; e.g. epochs=8 \(--attack-option epochs=8\)"):
+        make_attack("linear-probe", epochs="abc")
+    with pytest.raises(AttackError, match=r"lr=nan must be a finite number"):
+        make_attack("linear-probe", lr=float("nan"))
+    assert make_attack("linear-probe", epochs="3").hparams["epochs"] == 3
 
 
 def test_register_rejects_bad_declarations() -> None:
@@ -215,3 +221,12 @@ def test_score_and_flat_report(fitted) -> None:
     for key in ("token_acc_top1", "token_acc_top5", "token_f1", "exact_match", "n_tokens", "ci95"):
         assert key in report
     assert report["n_tokens"] == test.n_tokens and report["n_documents"] == 40
+
+
+def test_a_checkpoint_path_that_is_a_file_says_so(tmp_path: Path) -> None:
+    from attacks.base import read_config
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(AttackError, match="is a file; point --attacker at the directory"):
+        read_config(afile)

@@ -12,7 +12,7 @@ import pytest
 from attacks.base import Inversion
 from attacks.errors import AttackError
 from attacks.evaluate import collect, prior_from_taps
-from attacks.predictions import read_predictions, rescore, write_predictions
+from attacks.predictions import read_predictions, rescore, rescore_dir, write_predictions
 from attacks.tapdata import Taps
 from splitinfer.cli import main
 from tests.attacks.synth import make_taps
@@ -102,3 +102,40 @@ def test_eval_writes_predictions_and_rescore_cli_matches(tmp_path: Path, corpus:
     assert again["metrics"] == report["metrics"]
     assert main(["attack", "rescore", str(tmp_path / "missing.jsonl.gz")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def _rewrite(path: Path, out: Path, edit) -> Path:
+    """``path``'s header and document lines, ``edit``ed (a function of the list of parsed lines), gzipped to ``out``."""
+    with gzip.open(path, "rt") as f:
+        lines = [json.loads(x) for x in f if x.strip()]
+    with gzip.open(out, "wt") as f:
+        f.write("".join(json.dumps(x) + "\n" for x in edit(lines)))
+    return out
+
+
+def test_a_damaged_predictions_file_is_one_line_never_a_rescore(tmp_path: Path) -> None:
+    taps = make_taps(n_seqs=6)
+    path = write_predictions(tmp_path / "p.jsonl.gz", collect(_guess(taps, 0.7), taps))
+
+    def drop_key(key):
+        return lambda lines: [lines[0], {k: v for k, v in lines[1].items() if k != key}, *lines[2:]]
+
+    cases = {
+        "no doc_id": (drop_key("doc_id"), "a document line is malformed"),
+        "short topk": (lambda ls: [ls[0], {**ls[1], "topk": ls[1]["topk"][:-1]}, *ls[2:]], "is malformed"),
+        "text tokens": (lambda ls: [ls[0], {**ls[1], "true": ["a"] * len(ls[1]["true"])}, *ls[2:]], "is malformed"),
+        "no ks": (lambda ls: [{**ls[0], "settings": {}}, *ls[1:]], "no settings.ks"),
+        # a document twice would count its tokens twice and narrow the interval
+        "repeated document": (lambda ls: [*ls, ls[1]], "document 'doc0' occurs twice"),
+    }
+    for name, (edit, needle) in cases.items():
+        with pytest.raises(AttackError, match=needle):
+            read_predictions(_rewrite(path, tmp_path / f"{name}.jsonl.gz", edit))
+
+
+def test_rescore_never_compares_with_another_document_beside_a_damaged_results_json(tmp_path: Path) -> None:
+    (tmp_path / "predictions").mkdir()
+    (tmp_path / "results.json").write_text("{ damaged")
+    (tmp_path / "other.json").write_text(json.dumps({"results": {}}))
+    with pytest.raises(AttackError, match="results.json' is not valid JSON"):
+        rescore_dir(tmp_path)

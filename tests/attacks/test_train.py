@@ -109,11 +109,16 @@ def test_eval_scores_a_next_token_attacker_against_the_following_tokens(tmp_path
 def test_bad_attack_options_fail_in_one_line_before_any_extraction(tmp_path: Path, capsys) -> None:
     missing = f"file:{tmp_path / 'missing.jsonl'}"  # extracting it would fail with another message
     for opt, message in (("beam=0", "lm-beam beam=0; give an integer >= 1"),
-                         ("base=vocab-match", "is not a learned per-token attacker")):
+                         ("base=vocab-match", "is not a learned per-token attacker"),
+                         ("beam=abc", "lm-beam beam='abc' must be an integer; e.g. beam=4")):
         assert main(["attack", "train", "--attack", "lm-beam", "--attack-option", opt, "--model", "tiny-random",
                      "--boundary", "head:2", "--corpus", missing, "--out", str(tmp_path / "o")]) == 2
         err = capsys.readouterr().err
         assert message in err and err.strip().count("\n") == 0
+    (tmp_path / "afile").write_text("x")
+    assert main(["attack", "train", "--attack", "linear-probe", "--model", "tiny-random", "--boundary", "head:2",
+                 "--corpus", missing, "--out", str(tmp_path / "afile" / "ckpt")]) == 2
+    assert f"{tmp_path / 'afile'} is a file; give a directory path" in capsys.readouterr().err
 
 
 def test_eval_labels_the_attackers_knowledge_of_a_defended_victim(tmp_path: Path, corpus: str, capsys) -> None:

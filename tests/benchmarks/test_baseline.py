@@ -95,3 +95,12 @@ def test_an_efficiency_metric_without_a_sample_count_keeps_none() -> None:
     for r in runs:
         r["results"]["speed/x"]["efficiency"]["n"] = None
     assert fold(_docs(*runs))["results"]["speed/x"]["efficiency"]["n"] is None
+
+
+def test_one_run_given_twice_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from splitinfer.cli import main
+
+    run = tmp_path / "run" / "results.json"
+    schema.save(_run(0.9, 0.85, 0.95), run)
+    assert main(["bench", "baseline", str(tmp_path / "base.json"), str(run), str(run.parent)]) == 2
+    assert "is given twice" in capsys.readouterr().err and not (tmp_path / "base.json").exists()

@@ -132,6 +132,14 @@ def test_mismatched_or_incomplete_shards_are_refused(runs: dict) -> None:
         (changed(1, lambda d: d["config"].update(seed=1)), r"config\.seed differs"),
         (changed(1, lambda d: d["shard"].update(count=3)), "different counts"),
         ([], "at least one shard"),
+        # a damaged shard entry or grid table is refused, never merged with its rows dropped or a shard invented
+        (changed(1, lambda d: d["shard"].update(index=5)), r"0 <= I < N"),
+        (changed(1, lambda d: d["shard"].update(index=-1)), r"0 <= I < N"),
+        (changed(1, lambda d: d["shard"].update(index=0, count=0)), r"0 <= I < N"),
+        (changed(1, lambda d: d.update(shard=3)), r"0 <= I < N"),
+        (changed(1, lambda d: d["shard"].update(index="1")), r"0 <= I < N"),
+        (changed(1, lambda d: d.pop("data")), "no 'data' table"),
+        (changed(1, lambda d: d["data"]["defenses"].update(rows=["x"])), r"data\.defenses\.rows is not a list"),
     ]
     for given, message in cases:
         with pytest.raises(schema.SchemaError, match=message):
@@ -146,6 +154,13 @@ def test_bench_merge_cli_reports_one_line(runs: dict, tmp_path: Path, capsys: py
     assert err.startswith("splitinfer: error:") and "1/2 missing" in err and "\n" not in err
     assert main(["bench", "merge", str(tmp_path / "m"), str(runs[0].parent), str(runs[1].parent)]) == 0
     assert schema.load(tmp_path / "m" / "results.json")["merged_shards"] == 2
+
+
+def test_a_merge_into_one_of_its_own_shards_is_refused(runs: dict) -> None:
+    before = runs[0].read_bytes()
+    with pytest.raises(schema.SchemaError, match="would overwrite it"):
+        merge_dirs(runs[0].parent, [runs[0].parent, runs[1].parent])
+    assert runs[0].read_bytes() == before
 
 
 def test_a_partial_merge_needs_partial_and_shard_0_and_says_what_is_missing(runs: dict, tmp_path: Path) -> None:

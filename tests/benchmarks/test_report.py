@@ -1,7 +1,9 @@
 import json
 
+import pytest
+
 from benchmarks.report import write_report
-from benchmarks.schema import add_metric, metric, new_results
+from benchmarks.schema import SchemaError, add_metric, metric, new_results
 
 
 def fake_results():
@@ -42,3 +44,14 @@ def test_a_run_without_attacks_or_speed_has_no_empty_summary_or_plots_section(tm
     res["data"] = {"stage_seconds": {"defenses": 1.0}}  # e.g. a defenses-only shard
     text = write_report(res, tmp_path).read_text()
     assert "## Summary" not in text and "## Plots" not in text and "| local head layers |" not in text
+
+
+def test_a_document_that_is_not_a_suite_run_is_refused_in_one_line(tmp_path):
+    batching = new_results({"model": "default", "max_batch": 8}, "bench-batching")  # a benchmark's own document
+    with pytest.raises(SchemaError, match="'bench-batching' results document is not a suite run's .*model_sha256"):
+        write_report(batching, tmp_path)
+    damaged = fake_results()
+    damaged["data"] = []
+    with pytest.raises(SchemaError, match="data is a list, not a table of stages"):
+        write_report(damaged, tmp_path)
+    assert not (tmp_path / "report.md").exists()

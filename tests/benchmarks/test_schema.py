@@ -130,6 +130,10 @@ def _set(doc, path, value):
         (("versions", "torch"), 2.4, "versions['torch'] is not a string or null"),
         (("date",), "yesterday", "date is not an ISO 8601 timestamp"),
         (("results",), [], "results is not an object"),
+        (("config", "plugins"), ["x"], "config.plugins is not a list of {name, digest, version} objects"),
+        (("config", "plugins"), [{"digest": "a"}], "config.plugins is not a list"),
+        (("config", "plugins"), "abc", "config.plugins is not a list"),
+        (("shard",), 3, "shard is not an object"),
     ],
 )
 def test_validate_names_the_bad_path(path, value, message):
@@ -178,3 +182,8 @@ def test_summarize_output_is_a_valid_metric():
     for name, entry in out.items():
         schema.add_metric(res, "linear-probe/head:1", name, entry)
     schema.validate(res)
+
+
+def test_a_document_of_another_version_is_named_as_such_before_its_keys_are_checked():
+    with pytest.raises(SchemaError, match="schema_version is 2, this code reads 1"):
+        schema.validate({"schema_version": 2})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks import schema
 from benchmarks.server_batching import record
 from splitinfer.cli import main
@@ -59,9 +61,10 @@ def test_summarise_pairs_each_repeat_with_its_own_unbatched_best():
 
 
 def test_bad_repeats_is_one_line(capsys):
-    assert main(["bench", "batching", "--model", "tiny-random", "--repeats", "0"]) != 0
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "batching", "--model", "tiny-random", "--repeats", "0"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--repeats" in err[0]
+    assert e.value.code == 2 and len(err) == 1 and "argument --repeats: 0 must be >= 1" in err[0]
 
 
 def test_percentile_is_nearest_rank():

@@ -24,9 +24,13 @@ def test_stage_configs_are_frozen_and_check_types():
                            ({"splits": "2,2"}, "splits must be list"),
                            ({"budget_s": 0}, "budget_s must be > 0"),
                            ({"budget_s": "1m"}, "budget_s must be float"),
+                           ({"budget_s": float("nan")}, "budget_s must hold finite numbers"),
+                           ({"budget_s": float("inf")}, "budget_s must hold finite numbers"),
                            ({"prompt": 1}, "unknown key 'prompt'; allowed: budget_s, decodings, prompts")):
         with pytest.raises(SplitInferError, match=message):
             get_stage("exactness").config.from_table(table, "s [exactness]")
+    with pytest.raises(SplitInferError, match="rtt_ms must hold finite numbers"):
+        get_stage("speed").config.from_table({"rtt_ms": [20, float("nan")]}, "s [speed]")
 
 
 def test_stage_keys_are_declared_as_key_type_pairs():

@@ -51,3 +51,20 @@ def test_the_timing_suite_keeps_the_full_grids_sizes():
     rows = {"head_depths", "defenses", "overhead", "rows_elsewhere", "time_budget_s", "budget_s"}
     assert {k: v for k, v in timing.items() if k not in rows} == {k: v for k, v in full.items() if k not in rows}
     assert set(timing["defenses"]) <= set(full["defenses"])
+
+
+def test_a_suite_that_is_not_utf8_is_one_line(tmp_path):
+    path = tmp_path / "latin.toml"
+    path.write_bytes('name = "caf\u00e9"\nmodel = "tiny-random"\n'.encode("latin-1"))
+    with pytest.raises(SplitInferError, match="is not UTF-8 text"):
+        load_suite(str(path))
+
+
+def test_validate_names_a_component_that_is_not_a_string(tmp_path, capsys):
+    from splitinfer.cli import main
+
+    path = tmp_path / "numbers.toml"
+    path.write_text('name = "numbers"\nmodel = "tiny-random"\n[defenses]\ndefenses = [3, "noise"]\n')
+    assert main(["bench", "validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "defenses: 3 is not a name; write it as a string" in err and "Traceback" not in err

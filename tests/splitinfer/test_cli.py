@@ -36,3 +36,23 @@ def test_errors_are_one_line(capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("splitinfer: error:") and msg in err[0]
+
+
+def test_an_unusable_output_path_is_one_line_not_a_traceback(tmp_path, capsys):
+    in_the_way = tmp_path / "afile"
+    in_the_way.write_text("x")
+    for argv, needle in (
+        (["bench", "run", "--suite", "ci", "--out", str(in_the_way)], "a file is in the way of a directory there"),
+        (["bench", "run", "--suite", "ci", "--out", str(in_the_way / "sub")], "part of the path is a file"),
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"splitinfer: error: {in_the_way}") and needle in err[0], err
+
+
+def test_decoding_report_only_names_a_file_that_is_not_a_decoding_run(tmp_path, capsys):
+    for name, text in (("empty.json", ""), ("list.json", "[]"), ("suite.json", '{"suite": "quick"}')):
+        (tmp_path / name).write_text(text)
+        assert main(["bench", "decoding", "--report-only", str(tmp_path / name), "--out", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("splitinfer: error:") and name in err[0], err

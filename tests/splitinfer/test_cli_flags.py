@@ -10,6 +10,7 @@ from splitinfer.cli_flags import (
     add_deprecated,
     add_link_args,
     add_model_args,
+    finite_float,
     float_list,
     option_value,
     parse_options,
@@ -85,3 +86,39 @@ def test_schema_errors_end_in_one_line(tmp_path, capsys):
     assert main(["bench", "report", "--results", str(bad)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("splitinfer: error:") and "is missing" in err[0]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "--model", "tiny-random", "--temperature", "nan", "hi"],
+     "argument --temperature: 'nan' is not a finite"),
+    (["generate", "--model", "tiny-random", "--rtt-ms", "inf", "hi"], "argument --rtt-ms: 'inf' is not a comma list"),
+    (["generate", "--model", "tiny-random", "--bandwidth-mbps", "nan", "hi"], "'nan' is not a finite number"),
+    (["serve", "--max-frame-mb", "nan"], "argument --max-frame-mb: 'nan' is not a finite number"),
+    (["bench", "speed", "--max-new-tokens", "0"], "argument --max-new-tokens: 0 must be >= 1"),
+    (["bench", "extract", "--threads", "0"], "argument --threads: 0 must be >= 1"),
+])
+def test_nan_infinite_and_zero_flags_are_refused_before_anything_runs(argv, message, capsys):
+    assert finite_float("1e3") == 1000.0
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and message in err[0]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "--model", "tiny-random", "--device", "tpu", "hi"], "unknown --device 'tpu'"),
+    (["generate", "--model", "tiny-random", "--device", "cuda:abc", "hi"], "unknown --device 'cuda:abc'"),
+    (["bench", "exactness", "--model", "tiny-random", "--prompts", "9"], "--prompts 9: there are 8 built-in prompts"),
+])
+def test_bad_devices_and_counts_are_one_line(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("splitinfer: error:") and message in err[0]
+
+
+def test_a_damaged_model_file_is_one_line(tmp_path, capsys):
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a gguf file at all")
+    assert main(["generate", "--model", str(junk), "hi"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"splitinfer: error: cannot load model '{junk}'")

@@ -40,3 +40,11 @@ def test_request_sleeps_the_emulated_time():
 def test_bad_wan_profile(kwargs):
     with pytest.raises(SplitInferError):
         WanProfile(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [{"rtt_ms": float("nan")}, {"rtt_ms": float("inf")}, {"rtt_ms": -1},
+                                    {"bandwidth_mbps": float("nan")}, {"bandwidth_mbps": float("inf")},
+                                    {"bandwidth_mbps": 0}, {"jitter_ms": float("nan")}, {"jitter_ms": float("inf")}])
+def test_a_link_profile_refuses_nan_and_infinite_values(kwargs):
+    with pytest.raises(SplitInferError, match="must be a finite number"):
+        WanProfile(**kwargs)

@@ -185,6 +185,11 @@ def test_serve_refuses_unsafe_or_impossible_setups(tiny_dir, capsys):
         assert "needs CUDA GPUs" in capsys.readouterr().err
     with pytest.raises(SplitInferError, match="bad cloud URL"):
         WebSocketLink("http://127.0.0.1:1")
+    for url in ("ws://127.0.0.1:99999", "ws://127.0.0.1:abc"):  # urlsplit raised ValueError on reading the port
+        with pytest.raises(SplitInferError, match="the port must be a number 0-65535"):
+            WebSocketLink(url)
+    with pytest.raises(SplitInferError, match="--tls-ca /nonexistent.pem: no such file"):
+        WebSocketLink("wss://127.0.0.1:1", ca_file="/nonexistent.pem")
 
 
 def test_sigterm_shuts_down_cleanly(server):

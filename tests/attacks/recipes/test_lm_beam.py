@@ -102,7 +102,7 @@ def test_bad_options_are_one_line_errors(tiny, taps, opts, message) -> None:
 
 
 @pytest.mark.parametrize("opts, message", [
-    ({"freeze_skip": "maybe"}, "freeze_skip='maybe'; write freeze_skip=true or freeze_skip=false"),
+    ({"freeze_skip": "maybe"}, "seq-decoder freeze_skip='maybe' must be true or false"),
     ({"patience": 0}, "patience=0; give the epochs"),
 ])
 def test_seq_decoder_schedule_options_are_checked(opts, message) -> None:

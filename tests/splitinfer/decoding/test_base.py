@@ -31,6 +31,18 @@ def test_bad_names_and_options_are_named():
     with pytest.raises(SplitInferError, match="ngram must be an integer >= 2"):
         make_proposer("ngram-pool", ngram=1)
     assert make_proposer("ngram-pool", ngram=None).n == 5  # unset CLI flags fall back to defaults
+    # options take their default's type before the proposer runs: "no" is not true, "abc" and NaN not a number
+    for name, opts, needle in (("suffix", {"history": "no"}, "history='no' must be true or false"),
+                               ("suffix", {"alpha": "abc"}, "alpha='abc' must be a finite number"),
+                               ("jacobi", {"seed": "abc"}, "seed='abc' must be an integer"),
+                               ("combined", {"step_ms": "abc", "token_ms": 1}, "step_ms='abc' must be a finite number"),
+                               ("combined", {"rtt_ms": float("nan")}, "rtt_ms=nan must be a finite number >= 0"),
+                               ("combined", {"step_ms": -1.0, "token_ms": 1.0}, "step_ms=-1.0 must be a finite"),
+                               ("combined", {"decay": 1.5}, "decay=1.5 must be a number in (0, 1]"),
+                               ("local-draft", {"draft_ms": float("nan")}, "draft_ms must be a number >= 0")):
+        with pytest.raises(SplitInferError) as e:
+            make_proposer(name, **opts)
+        assert needle in str(e.value), (name, opts, str(e.value))
     assert proposer_options("lookahead")["window"] == 5
 
 

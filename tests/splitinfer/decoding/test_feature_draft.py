@@ -155,7 +155,7 @@ def test_a_bad_shortlist_in_the_file_is_a_one_line_error(tmp_path):
     ({"topk": 0}, "topk must be an integer >= 1"),
     ({"min_prob": 1.5}, r"min_prob must be a number in \[0, 1\)"),
     ({"draft_head": 3}, "draft_head must be a directory path"),
-    ({"shortlist": "yes"}, "shortlist must be true or false"),
+    ({"shortlist": "yes"}, "shortlist='yes' must be true or false"),
 ])
 def test_bad_options_are_named(options, match):
     with pytest.raises(SplitInferError, match=match):

@@ -88,5 +88,5 @@ def test_the_split_runtime_refuses_a_prefill_draft(tiny):
         sm.generate(sm.encode_prompt(PROMPT), 4, decoding=make_proposer("prompt-lookup", at_prefill=True))
     with pytest.raises(SplitInferError, match="drafts at prefill"):
         make_decoding("prompt-lookup", {"at_prefill": True})
-    with pytest.raises(SplitInferError, match="at_prefill must be true or false"):
+    with pytest.raises(SplitInferError, match="at_prefill='yes' must be true or false"):
         make_proposer("prompt-lookup", at_prefill="yes")

@@ -30,7 +30,7 @@ def test_public_label_drops_secrets_and_what_the_cloud_need_not_know():
 @pytest.mark.parametrize("spec,options,needle", [
     ("nois", [], "unknown defense 'nois'; choose one of none, "),
     ("noise", ["sigma=-1"], "sigma=-1.0 must be >= 0"),
-    ("noise", ["sigma=abc"], "must be float; e.g. --defense-option noise.sigma="),
+    ("noise", ["sigma=abc"], "must be a finite number; e.g. --defense-option noise.sigma="),
     ("noise+quant", ["sigma=1"], "ambiguous with 2 defenses; prefix it"),
     ("quant", ["format=int3"], "choose one of int8, fp8, int4"),
     ("noise", ["colour=red"], "has no parameter 'colour'; its parameters: sigma"),
@@ -40,9 +40,11 @@ def test_public_label_drops_secrets_and_what_the_cloud_need_not_know():
     ("noise", ["quant.format=int8"], "defense 'quant' is not in --defense"),
     ("random-split", ["depths=2,2"], "repeats a depth"),
     ("lora-random", ["rank=0"], "rank=0 must be >= 1"),
-    ("noise", ["clip=inf"], "clip=inf must be finite and > 0"),  # else (989, 1e-05)-DP with sensitivity inf
-    ("noise", ["sigma=Infinity"], "sigma=inf must be finite and >= 0"),
-    ("lora-random", ["scale=inf"], "scale=inf must be finite and >= 0"),
+    ("lora-adv", ["rank=0"], "lora-adv: need rank >= 1 and steps >= 0; e.g. --defense-option lora-adv.rank=8"),
+    ("noise", ["clip=inf"], "clip='inf' must be a finite number"),  # else (989, 1e-05)-DP with sensitivity inf
+    ("noise", ["sigma=Infinity"], "sigma=inf must be a finite number"),
+    ("noise(sigma=1,sigma=2)", [], "sets sigma twice; give each parameter once"),  # not silently the last
+    ("lora-random", ["scale=inf"], "scale='inf' must be a finite number"),
     ("random-split", ["depths=2.5,4"], "must be comma-separated integers"),  # not silently depths=2,4
     ("random-split", ["depths=4.9"], "must be comma-separated integers"),
 ])

@@ -18,7 +18,7 @@ def test_generate_records_the_defense(capsys):
 
 def test_bad_defense_flags_are_one_line_errors(capsys):
     for extra, msg in ((["--defense", "blur"], "unknown defense 'blur'"),
-                       (["--defense", "noise", "--defense-option", "sigma=x"], "must be float"),
+                       (["--defense", "noise", "--defense-option", "sigma=x"], "must be a finite number"),
                        (["--defense", "quant", "--defense-option", "format=int2"], "choose one of int8, fp8, int4")):
         assert main(["generate", "--model", "tiny-random", *extra, "hi"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
