@@ -37,7 +37,13 @@ def cmd_attacks(args) -> int:
     from benchmarks.attacks_depth import PARTIAL_NAME, StudyConfig, run_study, write_outputs
     from splitinfer.cli_flags import quiet_datasets
 
+    from attacks.registry import get_attack_class
+    from splitinfer.server_config import check_device
+
     quiet_datasets()
+    check_device(args.device)
+    for name in args.attacks:  # a bad name fails now, not after the model loads and the corpora are extracted
+        get_attack_class(name)
     base = StudyConfig()
     cfg = StudyConfig(
         model=args.model, head_depths=args.head_depths, tail_layers=args.tail_layers,

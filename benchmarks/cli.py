@@ -105,10 +105,11 @@ def _failed_exit(path) -> int:
 
 def cmd_report(args) -> int:
     from benchmarks.report import write_report
-    from benchmarks.schema import load
+    from benchmarks.schema import load, results_path
 
-    results = load(args.results)
-    out = Path(args.out) if args.out else Path(args.results).parent
+    path = results_path(args.results)  # the results.json, or the run directory that holds it
+    results = load(path)
+    out = Path(args.out) if args.out else path.parent
     out.mkdir(parents=True, exist_ok=True)
     print(f"report written to {write_report(results, out)}")
     return 0
@@ -220,7 +221,7 @@ def register(sub) -> None:
     register_merge(bsub)
     register_baseline(bsub)
     p = bsub.add_parser("report", help="rebuild report.md and plots from a results.json")
-    p.add_argument("--results", required=True)
+    p.add_argument("--results", required=True, help="a results.json, or the run directory that holds it")
     p.add_argument("--out", default=None, help="directory (default: next to results.json)")
     p.set_defaults(func=cmd_report)
     c = bsub.add_parser("compare", help="attack and defense rows of 2+ results documents (e.g. two model families) "

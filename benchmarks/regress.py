@@ -70,6 +70,7 @@ def migrate(doc: Any, migrations: dict[int, Callable[[dict], dict]] | None = Non
 
 def load_migrated(path: str) -> dict[str, Any]:
     """Read a results document, migrate it to the current schema major and validate it."""
+    path = schema.results_path(path)  # the results.json, or the run directory that holds it
     doc = migrate(schema.read_json(path))
     try:
         schema.validate(doc)
@@ -216,7 +217,8 @@ def _tolerance(text: str) -> float:
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the regress options to ``parser`` (so a CLI can mount it as a subcommand)."""
     parser.add_argument("--baseline", required=True, metavar="PATH", help="committed baseline results JSON")
-    parser.add_argument("--results", required=True, metavar="PATH", help="results JSON to check")
+    parser.add_argument("--results", required=True, metavar="PATH",
+                        help="results JSON to check (or its run directory)")
     parser.add_argument(
         "--efficiency-tolerance",
         type=_tolerance,

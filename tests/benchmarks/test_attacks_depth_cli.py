@@ -21,3 +21,15 @@ def test_attack_options_update_the_study_defaults_per_attack(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "attacks", "--hparams", "{oops"])
     assert len(capsys.readouterr().err.strip().splitlines()) == 2  # the warning, then the one-line error
+
+
+def test_a_bad_attack_name_or_device_fails_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    import benchmarks.attacks_depth as study
+    from splitinfer.cli import main
+
+    monkeypatch.setattr(study, "run_study", lambda *a, **k: pytest.fail("the study ran"))  # nothing may load
+    for argv, needle in ((["--attacks", "linear-probe,bogus"], "unknown attack 'bogus'"),
+                         (["--device", "tpu"], "unknown --device 'tpu'")):
+        assert main(["bench", "attacks", "--model", "tiny-random", "--out", str(tmp_path), *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0]

@@ -194,3 +194,14 @@ def test_efficiency_tolerance_widens_to_the_baselines_measured_spread():
     assert regress.compare(base, cur) == []
     cur = perturbed(("sequential/rtt:20", "efficiency", "value"), 0.50)  # -44%: beyond the spread
     assert [r.rule for r in regress.compare(base, cur)] == ["efficiency"]
+
+
+def test_regress_and_report_take_a_run_directory_like_compare_and_merge(tmp_path, capsys):
+    from splitinfer.cli import main
+    from tests.benchmarks.test_report import fake_results
+
+    run = tmp_path / "run"
+    schema.save(fake_results(), run / "results.json")
+    assert regress.load_migrated(str(run)) == regress.load_migrated(str(run / "results.json"))
+    assert main(["bench", "report", "--results", str(run)]) == 0
+    assert (run / "report.md").is_file() and str(run / "report.md") in capsys.readouterr().out
