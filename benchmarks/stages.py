@@ -56,7 +56,8 @@ class StageConfig:
                 raise SplitInferError(f"{where}: {key} must be {want.__name__}, got {value!r}")
             numbers = value if isinstance(value, list) else [value]
             if any(isinstance(x, float) and not math.isfinite(x) for x in numbers):
-                raise SplitInferError(f"{where}: {key} must hold finite numbers, got {value!r}")
+                what = "hold finite numbers" if isinstance(value, list) else "be a finite number"
+                raise SplitInferError(f"{where}: {key} must {what}, got {value!r}")
         if table.get("budget_s") is not None and table["budget_s"] <= 0:
             raise SplitInferError(f"{where}: budget_s must be > 0 seconds, got {table['budget_s']!r}")
         return cls(**table)

@@ -12,7 +12,6 @@ seeded jitter and a bandwidth limit, applied as a sleep per round trip
 from __future__ import annotations
 
 import math
-
 import random
 import time
 from abc import ABC, abstractmethod

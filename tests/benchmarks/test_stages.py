@@ -24,8 +24,8 @@ def test_stage_configs_are_frozen_and_check_types():
                            ({"splits": "2,2"}, "splits must be list"),
                            ({"budget_s": 0}, "budget_s must be > 0"),
                            ({"budget_s": "1m"}, "budget_s must be float"),
-                           ({"budget_s": float("nan")}, "budget_s must hold finite numbers"),
-                           ({"budget_s": float("inf")}, "budget_s must hold finite numbers"),
+                           ({"budget_s": float("nan")}, "budget_s must be a finite number"),
+                           ({"budget_s": float("inf")}, "budget_s must be a finite number"),
                            ({"prompt": 1}, "unknown key 'prompt'; allowed: budget_s, decodings, prompts")):
         with pytest.raises(SplitInferError, match=message):
             get_stage("exactness").config.from_table(table, "s [exactness]")
