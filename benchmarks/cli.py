@@ -242,7 +242,8 @@ def register(sub) -> None:
     add_model_args(x, split_default=None)
     x.add_argument("--depths", type=int_list, default=(1, 8, 16), help="head depths (default 1,8,16)")
     x.add_argument("--corpus", default="prose", help="corpus to extract (default %(default)s)")
-    x.add_argument("--max-tokens", type=positive_int, default=8192, help="corpus tokens per measurement (default %(default)s)")
+    x.add_argument("--max-tokens", type=positive_int, default=8192,
+                   help="corpus tokens per measurement (default %(default)s)")
     add_deprecated(x, "--tokens", "--max-tokens", "max_tokens", type=positive_int)
     x.add_argument("--max-length", type=int, default=256)
     x.add_argument("--batch-size", type=int, default=4)

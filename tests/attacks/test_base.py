@@ -62,7 +62,8 @@ def test_unknown_attack_and_hparam_are_clear_errors() -> None:
     with pytest.raises(AttackError, match="protocol"):
         make_attack("mlp", protocol="weird")
     # hyper-parameters take their default's type when the attack is made, before any extraction
-    with pytest.raises(AttackError, match=r"linear-probe epochs='abc' must be an integer; e.g. epochs=8 \(--attack-option epochs=8\)"):
+    with pytest.raises(AttackError,
+                       match=r"linear-probe epochs='abc' must be an integer; e.g. epochs=8 \(--attack-option epochs=8\)"):
         make_attack("linear-probe", epochs="abc")
     with pytest.raises(AttackError, match=r"lr=nan must be a finite number"):
         make_attack("linear-probe", lr=float("nan"))
