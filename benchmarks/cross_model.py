@@ -190,6 +190,10 @@ def compare_documents(docs: list[tuple[str, dict[str, Any]]]) -> str:
     if len(docs) < 2:
         raise SplitInferError(f"bench compare needs at least 2 results documents, got {len(docs)}; "
                               "e.g. bench compare reports/quick/results.json reports/gemma/results.json")
+    empty = [path for path, d in docs if not attack_rows(d) and not defense_rows(d)]
+    if empty:  # else the page would say every row is in every document, of none
+        raise SplitInferError(f"{empty[0]} holds no attack or defense rows; bench compare sets suite runs with an "
+                              "attacks or defenses stage side by side")
     tags = [_label(i) for i in range(len(docs))]
     heads = [f"{t} {_model(d)}" for t, (_, d) in zip(tags, docs)]
     lines = _header(docs)

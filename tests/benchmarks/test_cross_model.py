@@ -131,6 +131,14 @@ def test_fewer_than_two_documents_are_refused(docs: list[Path], tmp_path: Path) 
     assert not (tmp_path / "x.md").exists()
 
 
+def test_a_document_without_attack_or_defense_rows_is_refused(docs: list[Path], tmp_path: Path) -> None:
+    bare = tmp_path / "bare" / "results.json"
+    schema.save(schema.new_results({"model": "default", "seed": 0}, "ci"), bare)
+    with pytest.raises(SplitInferError, match="holds no attack or defense rows"):
+        write_comparison([docs[0], bare], tmp_path / "x.md")
+    assert not (tmp_path / "x.md").exists()
+
+
 def test_cli_writes_the_page(docs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "reports" / "cross_model.md"
     assert main(["bench", "compare", str(docs[0]), str(docs[1].parent), "--out", str(out)]) == 0
