@@ -25,7 +25,6 @@ line. Bad values end in one line (:class:`OneLineParser`), never a traceback.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import os
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from splitinfer.errors import SplitInferError
+from splitinfer.options import parse_option_value
 
 log = logging.getLogger("splitinfer")
 
@@ -150,11 +150,7 @@ def option_value(text: str) -> Any:
     low = text.strip().lower()
     if low in ("true", "false"):
         return low == "true"
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return text.strip()
-    return value if isinstance(value, (int, float, str)) or value is None else text.strip()
+    return parse_option_value(text.strip())
 
 
 def parse_options(items: list[str] | None, flag: str, example: str = "alpha=2") -> dict[str, Any]:
