@@ -171,7 +171,8 @@ def cmd_validate(args) -> int:
             continue
         budgets = [b for s in suite.stages if (b := suite.budget_s(s)) is not None]
         total = f"budgets sum to {sum(budgets):g} s" if budgets else "no budgets"
-        print(f"{suite.path}: ok ({len(suite.stages)} stages: {', '.join(suite.stages)}; {total})")
+        n = len(suite.stages)
+        print(f"{suite.path}: ok ({n} stage{'s' * (n != 1)}: {', '.join(suite.stages)}; {total})")
     return 2 if bad else 0
 
 

@@ -74,6 +74,13 @@ def _check_top(top: dict, where: str) -> None:
         want = TOP_KEYS[key]
         if not isinstance(value, want) or isinstance(value, bool):
             raise SplitInferError(f"{where}: {key} must be {want.__name__}, got {value!r}")
+    if top.get("seed", 0) < 0:
+        raise SplitInferError(f"{where}: seed must be >= 0, got {top['seed']!r}")
+    if "dtype" in top:
+        from splitinfer.models import DTYPES
+
+        if top["dtype"] not in DTYPES:
+            raise SplitInferError(f"{where}: unknown dtype {top['dtype']!r}; choose one of {', '.join(DTYPES)}")
 
 
 def load_suite(name_or_path: str) -> Suite:

@@ -53,9 +53,6 @@ def check_names(suite) -> list[str]:
         for key, check in CHECKS.items():
             values = table.get(key)
             for value in [values] if isinstance(values, str) else values or []:
-                if not isinstance(value, str):
-                    errors.append(f"{suite.path} [{stage}] {key}: {value!r} is not a name; write it as a string")
-                    continue
                 try:
                     check(value)
                 except SplitInferError as e:

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from benchmarks.stages import STAGES, get_stage, stage_config
@@ -31,6 +33,39 @@ def test_stage_configs_are_frozen_and_check_types():
             get_stage("exactness").config.from_table(table, "s [exactness]")
     with pytest.raises(SplitInferError, match="rtt_ms must hold finite numbers"):
         get_stage("speed").config.from_table({"rtt_ms": [20, float("nan")]}, "s [speed]")
+
+
+def test_stage_tables_refuse_items_and_values_a_run_would_misread():
+    # these passed `bench validate` and failed only once the model was loaded and their stage ran
+    cases = (("defenses", {"head_depths": [2, -1]}, "head_depths must hold numbers >= 1, got [2, -1]"),
+             ("defenses", {"head_depths": [2, "8"]}, "head_depths must hold int values, got '8' in"),
+             ("defenses", {"head_depths": [0]}, "head_depths must hold numbers >= 1"),
+             ("defenses", {"paired_k": [0, -100]}, "paired_k must hold numbers >= 0"),
+             ("defenses", {"defenses": ["none", 3]}, "defenses must hold str values, got 3"),
+             ("defenses", {"greedy_prompts": -1}, "greedy_prompts must be >= 0, got -1"),
+             ("defenses", {"time_budget_s": 0}, "time_budget_s must be > 0 seconds"),
+             ("speed", {"rtt_ms": [20, -5]}, "rtt_ms must hold numbers >= 0"),
+             ("speed", {"bandwidth_mbps": 0}, "bandwidth_mbps must be > 0, got 0"),
+             ("exactness", {"splits": ["2,2", "abc"]}, "s: splits: bad split 'abc'; write it as HEAD,TAIL"),
+             ("exactness", {"splits": ["0,2"]}, "bad split '0,2'; write it as HEAD,TAIL layer counts of at least 1"),
+             ("exactness", {"tokens": 0}, "tokens must be >= 1, got 0"))
+    for stage, table, message in cases:
+        with pytest.raises(SplitInferError, match=re.escape(message)):
+            get_stage(stage).config.from_table(table, "s")
+    ok = {"head_depths": [2, 8], "paired_k": [0, 100], "rtt_ms": [0, 20.5], "time_budget_s": 60}
+    assert get_stage("defenses").config.from_table({k: ok[k] for k in ("head_depths", "paired_k")}, "s")
+    assert get_stage("speed").config.from_table({"rtt_ms": ok["rtt_ms"]}, "s").rtt_ms == [0, 20.5]
+    with pytest.raises(SplitInferError, match=r"has type 'list\[bool\]'; use one of list, dict.* or list\[T\]"):
+        stage_config("my_stage", "flags:list[bool]")
+
+
+def test_suite_top_keys_refuse_an_unknown_dtype_and_a_negative_seed(tmp_path):
+    for extra, message in (('dtype = "fp64"', "unknown dtype 'fp64'; choose one of fp32, bf16, fp16"),
+                           ("seed = -1", "seed must be >= 0, got -1")):
+        path = tmp_path / "s.toml"
+        path.write_text(f'name = "x"\nmodel = "tiny-random"\n{extra}\n')
+        with pytest.raises(SplitInferError, match=re.escape(f"{path}: {message}")):
+            load_suite(str(path))
 
 
 def test_stage_keys_are_declared_as_key_type_pairs():

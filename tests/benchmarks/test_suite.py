@@ -67,4 +67,4 @@ def test_validate_names_a_component_that_is_not_a_string(tmp_path, capsys):
     path.write_text('name = "numbers"\nmodel = "tiny-random"\n[defenses]\ndefenses = [3, "noise"]\n')
     assert main(["bench", "validate", str(path)]) == 2
     err = capsys.readouterr().err
-    assert "defenses: 3 is not a name; write it as a string" in err and "Traceback" not in err
+    assert "[defenses]: defenses must hold str values, got 3 in [3, 'noise']" in err and "Traceback" not in err
