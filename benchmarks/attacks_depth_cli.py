@@ -6,7 +6,14 @@ import json
 import logging
 from pathlib import Path
 
-from splitinfer.cli_flags import add_deprecated, int_list, name_list, parse_options, split_options
+from splitinfer.cli_flags import (
+    add_deprecated,
+    int_list,
+    name_list,
+    parse_options,
+    positive_int_list,
+    split_options,
+)
 from splitinfer.errors import SplitInferError
 
 log = logging.getLogger(__name__)
@@ -68,9 +75,9 @@ def register(bsub) -> None:
                         "Markdown (CPU-sized defaults; raise the sizes on a GPU)")
     p.add_argument("--model", default=d.model)
     p.add_argument("--device", default=d.device, help="model and attacker device: cpu | cuda (default %(default)s)")
-    p.add_argument("--head-depths", type=int_list, default=",".join(map(str, d.head_depths)),
+    p.add_argument("--head-depths", type=positive_int_list, default=",".join(map(str, d.head_depths)),
                    help="default %(default)s")
-    p.add_argument("--tail-layers", type=int_list, default=",".join(map(str, d.tail_layers)),
+    p.add_argument("--tail-layers", type=positive_int_list, default=",".join(map(str, d.tail_layers)),
                    help="output side: tail layers B, depth L-B (default %(default)s)")
     p.add_argument("--corpus", type=name_list, default=",".join(d.corpora), help="comma list (default %(default)s)")
     add_deprecated(p, "--corpora", "--corpus", "corpus", type=name_list)
@@ -83,7 +90,7 @@ def register(bsub) -> None:
     p.add_argument("--vocab-match-tokens", type=int, default=d.vocab_match_tokens, help="per corpus")
     p.add_argument("--vocab-match-pii-tokens", type=int, default=d.vocab_match_pii_tokens,
                    help="prefix length of the two sequences of PII corpora scored by vocab-match")
-    p.add_argument("--vocab-match-depths", type=int_list, default=None,
+    p.add_argument("--vocab-match-depths", type=positive_int_list, default=None,
                    help="head depths where vocab-match runs (default: every head depth; it takes seconds per token "
                    "on CPU at deep splits)")
     p.add_argument("--attack-option", action="append", default=[], metavar="NAME.KEY=VALUE",

@@ -16,8 +16,8 @@ from splitinfer.cli_flags import (
     add_max_new_tokens,
     add_model_args,
     add_wire_dtype,
-    int_list,
     positive_int,
+    positive_int_list,
     quiet_datasets,
     wire_list,
 )
@@ -241,13 +241,13 @@ def register(sub) -> None:
     register_batching(bsub)
     x = bsub.add_parser("extract", help="activation extraction tok/s vs a plain truncated forward, per depth")
     add_model_args(x, split_default=None)
-    x.add_argument("--depths", type=int_list, default=(1, 8, 16), help="head depths (default 1,8,16)")
+    x.add_argument("--depths", type=positive_int_list, default=(1, 8, 16), help="head depths (default 1,8,16)")
     x.add_argument("--corpus", default="prose", help="corpus to extract (default %(default)s)")
     x.add_argument("--max-tokens", type=positive_int, default=8192,
                    help="corpus tokens per measurement (default %(default)s)")
     add_deprecated(x, "--tokens", "--max-tokens", "max_tokens", type=positive_int)
-    x.add_argument("--max-length", type=int, default=256)
-    x.add_argument("--batch-size", type=int, default=4)
+    x.add_argument("--max-length", type=positive_int, default=256)
+    x.add_argument("--batch-size", type=positive_int, default=4)
     x.add_argument("--repeats", type=positive_int, default=2, help="alternating runs; the fastest counts")
     x.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's own)")
     x.add_argument("--out", default=None, help="also write the results document (JSON) here")

@@ -37,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from splitinfer.cli_flags import positive_int
 from splitinfer.kv_cache import PartKVCache
 from splitinfer.models import load_model
 from splitinfer.partition import CloudBody, SplitConfig
@@ -92,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="default")
     ap.add_argument("--split", default="2,2")
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=positive_int, default=60)
+    ap.add_argument("--repeats", type=positive_int, default=3)
     ap.add_argument("--case", choices=CASES, help=argparse.SUPPRESS)  # one case, in this process (JSON out)
     args = ap.parse_args(argv)
     if args.steps < 1 or args.repeats < 1:

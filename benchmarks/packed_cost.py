@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from splitinfer.cli_flags import positive_int
 from splitinfer.kv_cache import PartKVCache
 from splitinfer.models import load_model
 from splitinfer.packed_body import BodyStep, run_packed
@@ -82,10 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tiny-random")
     ap.add_argument("--split", default="2,2")
-    ap.add_argument("--sessions", type=int, default=8)
-    ap.add_argument("--context", type=int, default=4032)
-    ap.add_argument("--rows", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--sessions", type=positive_int, default=8)
+    ap.add_argument("--context", type=positive_int, default=4032)
+    ap.add_argument("--rows", type=positive_int, default=64)
+    ap.add_argument("--repeats", type=positive_int, default=5)
     args = ap.parse_args(argv)
     r = probe(args.model, args.split, args.sessions, args.context, args.rows, args.repeats)
     print(f"{r['model']}: {r['sessions']} sessions x {r['context']} cached positions, {r['rows']} rows each, "

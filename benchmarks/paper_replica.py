@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from splitinfer.cli_flags import positive_int
+
 log = logging.getLogger(__name__)
 
 SEED_TOP1 = {2: 0.588, 4: 0.443, 8: 0.348}  # seed: after layers[1], [3], [7] of Mistral-7B = head depth 2, 4, 8
@@ -202,8 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     d = ReplicaConfig()
     p = argparse.ArgumentParser(description="the seed paper's MLP protocol, replicated")
     p.add_argument("--model", default=d.model)
-    p.add_argument("--splits", type=int, default=d.splits)
-    p.add_argument("--epochs", type=int, default=d.epochs)
+    p.add_argument("--splits", type=positive_int, default=d.splits)
+    p.add_argument("--epochs", type=positive_int, default=d.epochs)
     p.add_argument("--out", default="reports/paper_replica")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

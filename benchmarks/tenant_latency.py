@@ -24,6 +24,7 @@ import torch
 from websockets.sync.client import connect
 
 from benchmarks.transport import ServerProcess
+from splitinfer.cli_flags import positive_int
 from splitinfer.models import load_model
 from splitinfer.protocol import PROTOCOL_VERSION, decode_frame, encode_frame
 
@@ -103,10 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tiny-random")
     ap.add_argument("--split", default="2,2")
-    ap.add_argument("--tenants", type=int, default=4)
-    ap.add_argument("--prefill", type=int, default=4096)
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tenants", type=positive_int, default=4)
+    ap.add_argument("--prefill", type=positive_int, default=4096)
+    ap.add_argument("--steps", type=positive_int, default=40)
+    ap.add_argument("--threads", type=positive_int, default=2)
     args = ap.parse_args(argv)
     loaded = load_model(args.model)
     info = {}  # a hello may leave out the body's fields; the server checks those given

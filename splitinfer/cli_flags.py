@@ -120,8 +120,8 @@ def positive_int_list(text: str) -> tuple:
 
 
 def optional_int_list(text: str) -> tuple:
-    """argparse type: like :func:`int_list`, but '' is the empty list."""
-    return int_list(text) if text.strip() else ()
+    """argparse type: like :func:`positive_int_list`, but '' is the empty list."""
+    return positive_int_list(text) if text.strip() else ()
 
 
 def wire_list(text: str) -> tuple:

@@ -19,6 +19,7 @@ from splitinfer.cli_flags import (
     add_wire_dtype,
     finite_float,
     name_list,
+    positive_int,
 )
 
 
@@ -149,11 +150,11 @@ def register(sub) -> None:
     t.add_argument("--hidden", type=int, default=1024, help="MLP width (default %(default)s)")
     t.add_argument("--vocab", type=int, default=8192,
                    help="draft vocabulary: the N tokens the model emits most (FR-Spec); 0 = all (default %(default)s)")
-    t.add_argument("--max-new-tokens", type=int, default=128,
+    t.add_argument("--max-new-tokens", type=positive_int, default=128,
                    help="continuation length per prompt (default %(default)s)")
-    t.add_argument("--prompt-chars", type=int, default=600, help="max corpus snippet per prompt (default %(default)s)")
+    t.add_argument("--prompt-chars", type=positive_int, default=600, help="max corpus snippet per prompt (default %(default)s)")
     t.add_argument("--prompts-file", default=None,
                    help="JSONL of {\"text\": ...} user messages to continue instead of corpus snippets")
-    t.add_argument("--gen-batch", type=int, default=16,
+    t.add_argument("--gen-batch", type=positive_int, default=16,
                    help="prompts generated at once (default %(default)s; raise it on a GPU)")
     t.set_defaults(func=cmd_draft_train)

@@ -96,6 +96,13 @@ def test_schema_errors_end_in_one_line(tmp_path, capsys):
     (["serve", "--max-frame-mb", "nan"], "argument --max-frame-mb: 'nan' is not a finite number"),
     (["bench", "speed", "--max-new-tokens", "0"], "argument --max-new-tokens: 0 must be >= 1"),
     (["bench", "extract", "--threads", "0"], "argument --threads: 0 must be >= 1"),
+    # --gen-batch 0 and --sessions 0 raised a traceback (range step 0, an empty list indexed); --depths 0 was
+    # refused only once the model had loaded
+    (["draft-train", "--model", "tiny-random", "--gen-batch", "0"], "argument --gen-batch: 0 must be >= 1"),
+    (["bench", "transport", "--sessions", "0"], "argument --sessions: 0 must be >= 1"),
+    (["bench", "transport", "--repeats", "0"], "argument --repeats: 0 must be >= 1"),
+    (["bench", "transport", "--synthetic-hidden", "576,-1"], "argument --synthetic-hidden: -1 must be >= 1"),
+    (["bench", "extract", "--depths", "0,8"], "argument --depths: 0 must be >= 1"),
 ])
 def test_nan_infinite_and_zero_flags_are_refused_before_anything_runs(argv, message, capsys):
     assert finite_float("1e3") == 1000.0
