@@ -133,17 +133,7 @@ class Attack(ABC):
     reads: ClassVar[str] = "current"
 
     def __init__(self, *, model: Any = None, seed: int = 0, **hparams: Any):
-        unknown = sorted(set(hparams) - set(self.defaults))
-        if unknown:
-            raise AttackError(f"attack {self.name!r} has no hyper-parameter(s) {unknown}; it takes "
-                              f"{sorted(self.defaults) or 'none'}")
-        for key, value in hparams.items():
-            try:
-                hparams[key] = coerce_option(value, self.defaults[key])
-            except OptionTypeError as e:
-                raise AttackError(f"{self.name} {key}={value!r} must be {e.want}; e.g. {key}={self.defaults[key]} "
-                                  f"(--attack-option {key}={self.defaults[key]})") from None
-        self.hparams: dict[str, Any] = {**self.defaults, **hparams}
+        self.hparams: dict[str, Any] = {**self.defaults, **self.typed_hparams(hparams)}
         self.seed = int(seed)
         self.model = model  # a splitinfer.models.LoadedModel, for recipes that need weights
         self.meta: dict[str, Any] = {}
@@ -152,6 +142,23 @@ class Attack(ABC):
         if model is not None:
             self.meta.update(model=model.spec, model_sha256=model.sha256, num_layers=model.num_layers,
                              vocab_size=int(model.config.vocab_size))
+
+    @classmethod
+    def typed_hparams(cls, hparams: dict[str, Any]) -> dict[str, Any]:
+        """``hparams`` each coerced to its default's type; an AttackError names an unknown key or a bad value.
+        Needs no model: ``bench validate`` checks a suite's attack options with it before anything loads."""
+        unknown = sorted(set(hparams) - set(cls.defaults))
+        if unknown:
+            raise AttackError(f"attack {cls.name!r} has no hyper-parameter(s) {unknown}; it takes "
+                              f"{sorted(cls.defaults) or 'none'}")
+        typed = {}
+        for key, value in hparams.items():
+            try:
+                typed[key] = coerce_option(value, cls.defaults[key])
+            except OptionTypeError as e:
+                raise AttackError(f"{cls.name} {key}={value!r} must be {e.want}; e.g. {key}={cls.defaults[key]} "
+                                  f"(--attack-option {key}={cls.defaults[key]})") from None
+        return typed
 
     def require_int(self, key: str, low: int = 1, why: str = "") -> int:
         """The integer hyper-parameter ``key`` (a bool is refused), else an AttackError naming it and the bound."""

@@ -44,6 +44,9 @@ THREAT_NOTE = ("white-box (exact) = inverts the published local layers (vocab-ma
                "weights. Every victim here runs the published weights, so no result is shadow (DESIGN.md section 4).")
 
 
+PREFIX_SUITE_KEYS = ("scored_tokens", "pii_tokens")  # suite-only options of a prefix-scored attacker: tokens scored
+
+
 def grid_config(cfg: dict, seed: int) -> GridConfig:
     """The suite's ``[attacks]`` table as a :class:`GridConfig` (the suite's own dict is not modified)."""
     corpora = tuple(cfg.get("corpora", ["prose"]))
@@ -52,7 +55,7 @@ def grid_config(cfg: dict, seed: int) -> GridConfig:
     prefix, prefix_pii = 40, 96
     for name, opts in options.items():  # suite keys of prefix-scored attackers: how many tokens to score
         if get_attack_class(ALIASES.get(name, (name, {}))[0]).scoring == "prefixes":
-            prefix, prefix_pii = int(opts.pop("scored_tokens", prefix)), int(opts.pop("pii_tokens", prefix_pii))
+            prefix, prefix_pii = (int(opts.pop(k, d)) for k, d in zip(PREFIX_SUITE_KEYS, (prefix, prefix_pii)))
     return GridConfig(
         head_depths=tuple(cfg.get("head_depths", [2])), tail_layers=tuple(cfg.get("tail_depths", [])), corpora=corpora,
         attacks=names, options=options, train_tokens=cfg.get("train_tokens", 20000) // len(corpora),

@@ -2,8 +2,8 @@
 
 ``bench validate`` runs :func:`check_names` after :func:`benchmarks.suite.load_suite` (which checks keys and
 types and loads the suite's ``plugins``): every attack, defense spec, corpus and decoding a table names must be
-registered, so a typo or a plugin that did not load is one line before any model is loaded, not an error an hour
-into a run. ``bench ls`` prints :func:`component_lines`: every registered component and where it comes from.
+registered, and every attack's ``options`` are its hyper-parameters with the right types, so a typo or a plugin
+that did not load is one line before any model is loaded, not an error an hour into a run. ``bench ls`` prints :func:`component_lines`: every registered component and where it comes from.
 """
 
 from __future__ import annotations
@@ -11,20 +11,39 @@ from __future__ import annotations
 from attacks.plugins import loaded, origin, registries
 from attacks.registry import get_attack_class
 from splitinfer.corpora.registry import resolve
-from splitinfer.decoding.base import registered_proposers
+from splitinfer.decoding.base import registered_proposers, typed_proposer_options
 from splitinfer.defenses.base import parse_items
 from splitinfer.errors import SplitInferError
 
 __all__ = ["check_names", "component_lines"]
 
-ATTACK_ALIASES = {"mlp-seed": "mlp", "output-probe:current": "output-probe"}  # benchmarks.attack_grid.ALIASES
-
 
 def _attack(name: str) -> None:
     from attacks.errors import AttackError
+    from benchmarks.attack_grid import ALIASES  # suite name -> (attack, preset options)
 
     try:
-        get_attack_class(ATTACK_ALIASES.get(name, name))
+        get_attack_class(ALIASES.get(name, (name, {}))[0])
+    except AttackError as e:
+        raise SplitInferError(str(e)) from None
+
+
+def _attack_options(name: str, options, stage: str) -> None:
+    """The ``options`` table's entry for attack ``name``: a registered attack, its keys its hyper-parameters (and,
+    for a prefix-scored attacker in the attacks stage, the suite's own scored_tokens / pii_tokens), typed right."""
+    from attacks.errors import AttackError
+    from benchmarks.attack_grid import ALIASES
+    from benchmarks.stage_attacks import PREFIX_SUITE_KEYS
+
+    _attack(name)
+    if not isinstance(options, dict):
+        raise SplitInferError(f"{name}: give a table of hyper-parameters, e.g. {{ epochs = 2 }}, got {options!r}")
+    base, preset = ALIASES.get(name, (name, {}))
+    cls = get_attack_class(base)
+    suite_only = PREFIX_SUITE_KEYS if stage == "attacks" and cls.scoring == "prefixes" else ()
+    own = {k: v for k, v in options.items() if k not in suite_only}
+    try:
+        cls.typed_hparams({**preset, **own})
     except AttackError as e:
         raise SplitInferError(str(e)) from None
 
@@ -57,9 +76,17 @@ def check_names(suite) -> list[str]:
                     check(value)
                 except SplitInferError as e:
                     errors.append(f"{suite.path} [{stage}] {key}: {e}")
-        for name in (table.get("decoding_options") or {}):
+        for name, options in (table.get("options") or {}).items():
+            try:
+                _attack_options(name, options, stage)
+            except SplitInferError as e:
+                errors.append(f"{suite.path} [{stage}] options: {e}")
+        for name, options in (table.get("decoding_options") or {}).items():
             try:
                 _decoding(name)
+                if not isinstance(options, dict):
+                    raise SplitInferError(f"{name}: give a table of options, e.g. {{ step_ms = 60.0 }}, got {options!r}")
+                typed_proposer_options(name, options)
             except SplitInferError as e:
                 errors.append(f"{suite.path} [{stage}] decoding_options: {e}")
     return errors

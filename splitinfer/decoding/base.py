@@ -319,7 +319,13 @@ def make_proposer(name: str, **options) -> Proposer:
     each proposer's defaults). Unknown options raise SplitInferError naming
     the ones the proposer takes.
     """
-    cls = _proposer_class(name)
+    return _proposer_class(name)(**typed_proposer_options(name, options))
+
+
+def typed_proposer_options(name: str, options: dict) -> dict:
+    """``options`` of proposer ``name`` without the None ones, each coerced to its default's type; a
+    SplitInferError names an unknown option or a bad value. Builds nothing: ``bench validate`` checks a suite's
+    ``decoding_options`` with it."""
     options = {k: v for k, v in options.items() if v is not None}
     accepted = proposer_options(name)
     bad = sorted(set(options) - set(accepted))
@@ -332,7 +338,7 @@ def make_proposer(name: str, **options) -> Proposer:
         except OptionTypeError as e:
             raise SplitInferError(f"decoding {name!r}: option {key}={value!r} must be {e.want}; "
                                   f"e.g. --decoding-option {key}={accepted[key]}") from None
-    return cls(**options)
+    return options
 
 
 def check_positive(name: str, value, minimum: int = 1) -> int:

@@ -68,3 +68,23 @@ def test_validate_names_a_component_that_is_not_a_string(tmp_path, capsys):
     assert main(["bench", "validate", str(path)]) == 2
     err = capsys.readouterr().err
     assert "[defenses]: defenses must hold str values, got 3 in [3, 'noise']" in err and "Traceback" not in err
+
+
+def test_validate_checks_attack_and_decoding_options_before_anything_loads(tmp_path):
+    # an option typo or a bad value used to surface only when the stage built the attacker (after extraction)
+    from benchmarks.suite_names import check_names
+
+    path = tmp_path / "options.toml"
+    path.write_text('name = "opts"\nmodel = "tiny-random"\n[defenses]\n'
+                    'options = { "linear-probe" = { epoch = 2 }, "mlp" = { lr = "fast" }, "mlp-seed" = { epochs = 3 }, '
+                    '"vocab-match" = { scored_tokens = 40 }, "nope" = { x = 1 } }\n'
+                    'decoding_options = { combined = { draft_budget = 2.5 }, ngram-pool = { ngram = 3 } }\n'
+                    '[attacks]\noptions = { "vocab-match" = { scored_tokens = 40, pii_tokens = 96 } }\n')
+    lines = check_names(load_suite(str(path)))
+    assert len(lines) == 5 and all(line.startswith(f"{path} [defenses] ") for line in lines), lines
+    assert "options: attack 'linear-probe' has no hyper-parameter(s) ['epoch']; it takes" in lines[0]
+    assert "options: mlp lr='fast' must be a finite number; e.g. lr=0.001 (--attack-option lr=0.001)" in lines[1]
+    assert "options: attack 'vocab-match' has no hyper-parameter(s) ['scored_tokens']" in lines[2]  # attacks stage only
+    assert "options: unknown attack 'nope'" in lines[3]
+    assert "decoding_options: decoding 'combined': option draft_budget=2.5 must be an integer" in lines[4]
+    assert check_names(load_suite("ci")) == []
