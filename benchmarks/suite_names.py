@@ -2,8 +2,9 @@
 
 ``bench validate`` runs :func:`check_names` after :func:`benchmarks.suite.load_suite` (which checks keys and
 types and loads the suite's ``plugins``): every attack, defense spec, corpus and decoding a table names must be
-registered, and every attack's ``options`` are its hyper-parameters with the right types, so a typo or a plugin
-that did not load is one line before any model is loaded, not an error an hour into a run. ``bench ls`` prints :func:`component_lines`: every registered component and where it comes from.
+registered, and every attack's ``options`` (and decoding's ``decoding_options``) are its own, typed right, so a
+typo or a plugin that did not load is one line before any model is loaded, not an error an hour into a run.
+``bench ls`` prints :func:`component_lines`: every registered component and where it comes from.
 """
 
 from __future__ import annotations
