@@ -86,7 +86,8 @@ def check_names(suite) -> list[str]:
             try:
                 _decoding(name)
                 if not isinstance(options, dict):
-                    raise SplitInferError(f"{name}: give a table of options, e.g. {{ step_ms = 60.0 }}, got {options!r}")
+                    raise SplitInferError(f"{name}: give a table of options, e.g. {{ step_ms = 60.0 }}, "
+                                          f"got {options!r}")
                 typed_proposer_options(name, options)
             except SplitInferError as e:
                 errors.append(f"{suite.path} [{stage}] decoding_options: {e}")

@@ -152,7 +152,8 @@ def register(sub) -> None:
                    help="draft vocabulary: the N tokens the model emits most (FR-Spec); 0 = all (default %(default)s)")
     t.add_argument("--max-new-tokens", type=positive_int, default=128,
                    help="continuation length per prompt (default %(default)s)")
-    t.add_argument("--prompt-chars", type=positive_int, default=600, help="max corpus snippet per prompt (default %(default)s)")
+    t.add_argument("--prompt-chars", type=positive_int, default=600,
+                   help="max corpus snippet per prompt (default %(default)s)")
     t.add_argument("--prompts-file", default=None,
                    help="JSONL of {\"text\": ...} user messages to continue instead of corpus snippets")
     t.add_argument("--gen-batch", type=positive_int, default=16,
