@@ -83,3 +83,16 @@ def test_bench_run_device_overrides_the_suite_and_refuses_a_missing_gpu(tmp_path
     if not torch.cuda.is_available():  # a missing GPU is a one-line error before any work, nothing written
         assert main(["bench", "run", "--suite", str(path), "--device", "cuda", "--out", str(tmp_path / "g")]) == 2
         assert "CUDA is not available here" in capsys.readouterr().err and not (tmp_path / "g").exists()
+
+
+def test_bench_run_refuses_what_bench_validate_refuses_before_the_model_loads(tmp_path, capsys):
+    # an option typo used to surface when its stage built the attacker, after the model had loaded
+    from splitinfer.cli import main
+
+    path = tmp_path / "typo.toml"
+    path.write_text(SUITE + '\n[defenses]\noptions = { "linear-probe" = { epoch = 1 } }\n')
+    out = tmp_path / "out"
+    assert main(["bench", "run", "--suite", str(path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "[defenses] options: attack 'linear-probe' has no hyper-parameter(s) ['epoch']" in err[0]
+    assert not out.exists()
