@@ -96,8 +96,8 @@ STAGES: dict[str, Stage] = {}
 KEY_TYPES = {"list": list, "dict": dict, "int": int, "float": float, "str": str, "bool": bool}
 ITEM_TYPES = {"int": int, "float": float, "str": str}  # ``key:list[T]``
 # Numbers in a table are counts, sizes, depths or times: never negative; these keys need more.
-AT_LEAST = {"head_depths": 1, "tail_depths": 1, "tail_layers": 1, "n": 1, "lookahead_n": 1, "prompts": 1,
-            "tokens": 1, "prompts_per_category": 1}
+AT_LEAST = {"head_depths": 1, "tail_depths": 1, "tail_layers": 1, "prompts": 1, "tokens": 1,
+            "prompts_per_category": 1}
 ABOVE_ZERO = {"budget_s", "time_budget_s", "bandwidth_mbps"}
 
 
@@ -120,7 +120,14 @@ def _split(text, where: str) -> None:
                               "e.g. 2,2")
 
 
-VALUE_CHECKS = {"splits": _split}  # key -> check of one item, raising a one-line SplitInferError
+def _category(name: str, where: str) -> None:
+    from benchmarks.prompts import CATEGORIES
+
+    if name not in CATEGORIES:
+        raise SplitInferError(f"{where}: unknown prompt category {name!r}; choose from {', '.join(CATEGORIES)}")
+
+
+VALUE_CHECKS = {"splits": _split, "categories": _category}  # key -> check of one item (one-line SplitInferError)
 
 
 def stage_config(name: str, keys: str) -> type[StageConfig]:
@@ -171,8 +178,8 @@ register_stage("rtt_model", "benchmarks.stage_speed:stage_rtt_model",
                f"{LINK} split:str prompts:int project_rtt_ms:list[float]",
                "leave-one-RTT-out fit of the step-time model, projected over RTTs")
 register_stage("ngram_ablation", "benchmarks.stage_ablation:stage_ngram_ablation",
-               "n:list[int] categories:list[str] prompts_per_category:int tokens:int split:str lookahead_n:list[int]",
-               "the seed paper's n-gram / lookahead ablation (tau per proposer and category)")
+               "prompts_per_category:int tokens:int split:str",
+               "the seed paper's n-gram / lookahead ablation at n = 3..7 (tau per proposer and category)")
 # attacks: wire_tokens = generated tokens per corpus scored on wire taps (the output side)
 register_stage("attacks", "benchmarks.stage_attacks:stage_attacks",
                f"head_depths:list[int] tail_depths:list[int] attacks:list[str] {ATTACK_DATA} seed_protocol:bool "

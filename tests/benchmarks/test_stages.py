@@ -48,7 +48,12 @@ def test_stage_tables_refuse_items_and_values_a_run_would_misread():
              ("speed", {"bandwidth_mbps": 0}, "bandwidth_mbps must be > 0, got 0"),
              ("exactness", {"splits": ["2,2", "abc"]}, "s: splits: bad split 'abc'; write it as HEAD,TAIL"),
              ("exactness", {"splits": ["0,2"]}, "bad split '0,2'; write it as HEAD,TAIL layer counts of at least 1"),
-             ("exactness", {"tokens": 0}, "tokens must be >= 1, got 0"))
+             ("exactness", {"tokens": 0}, "tokens must be >= 1, got 0"),
+             ("speed", {"categories": ["code", "poetry"]}, "s: categories: unknown prompt category 'poetry'; choose "
+              "from code, structured, creative, conversational"),
+             # the ablation ran its fixed n = 3..7 over every category whatever these said
+             ("ngram_ablation", {"n": [3]}, "unknown key 'n'; allowed: budget_s, prompts_per_category, split, tokens"),
+             ("ngram_ablation", {"categories": ["code"]}, "unknown key 'categories'"))
     for stage, table, message in cases:
         with pytest.raises(SplitInferError, match=re.escape(message)):
             get_stage(stage).config.from_table(table, "s")
