@@ -182,7 +182,7 @@ register_stage("ngram_ablation", "benchmarks.stage_ablation:stage_ngram_ablation
                "the seed paper's n-gram / lookahead ablation at n = 3..7 (tau per proposer and category)")
 # attacks: wire_tokens = generated tokens per corpus scored on wire taps (the output side)
 register_stage("attacks", "benchmarks.stage_attacks:stage_attacks",
-               f"head_depths:list[int] tail_depths:list[int] attacks:list[str] {ATTACK_DATA} seed_protocol:bool "
+               f"head_depths:list[int] tail_depths:list[int] attacks:list[str] {ATTACK_DATA} "
                "wire_tokens:int val_tokens:int defense:str scored_set:dict max_doc_tokens:int",
                "inversion attackers trained and scored per head/tail depth and corpus", shardable=True)
 # defenses: canonical specs ("none" = undefended); time_budget_s is enforced (no new configuration starts
