@@ -55,8 +55,12 @@ class ScoredSetConfig:
         unknown = set(raw) - set(cls.__dataclass_fields__)
         if unknown:
             raise SplitInferError(f"scored_set has unknown key(s) {sorted(unknown)}; use "
-                             f"{sorted(cls.__dataclass_fields__)}")
-        return cls(**{k: int(v) for k, v in raw.items()})
+                                  f"{sorted(cls.__dataclass_fields__)}")
+        bad = {k: v for k, v in raw.items() if isinstance(v, bool) or not isinstance(v, int) or v < 0}
+        if bad:
+            key, value = next(iter(bad.items()))
+            raise SplitInferError(f"scored_set.{key} must be a whole number >= 0, got {value!r}")
+        return cls(**raw)
 
 
 def _user_ids(taps: Taps, public: np.ndarray, rows: slice) -> np.ndarray:

@@ -127,7 +127,17 @@ def _category(name: str, where: str) -> None:
         raise SplitInferError(f"{where}: unknown prompt category {name!r}; choose from {', '.join(CATEGORIES)}")
 
 
-VALUE_CHECKS = {"splits": _split, "categories": _category}  # key -> check of one item (one-line SplitInferError)
+def _scored_set(table: dict, where: str) -> None:
+    from benchmarks.scored_set import ScoredSetConfig
+
+    try:
+        ScoredSetConfig.from_suite({"scored_set": table})
+    except SplitInferError as e:
+        raise SplitInferError(f"{where}: {e}") from None
+
+
+# key -> check of one value or list item, raising a one-line SplitInferError
+VALUE_CHECKS = {"splits": _split, "split": _split, "categories": _category, "scored_set": _scored_set}
 
 
 def stage_config(name: str, keys: str) -> type[StageConfig]:

@@ -51,6 +51,10 @@ def test_stage_tables_refuse_items_and_values_a_run_would_misread():
              ("exactness", {"tokens": 0}, "tokens must be >= 1, got 0"),
              ("speed", {"categories": ["code", "poetry"]}, "s: categories: unknown prompt category 'poetry'; choose "
               "from code, structured, creative, conversational"),
+             ("rtt_model", {"split": "2"}, "s: split: bad split '2'; write it as HEAD,TAIL"),
+             ("defenses", {"scored_set": {"docs_per_corpus": "six"}},  # int("six") raised ValueError in the stage
+              "s: scored_set: scored_set.docs_per_corpus must be a whole number >= 0, got 'six'"),
+             ("defenses", {"scored_set": {"docs": 6}}, "s: scored_set: scored_set has unknown key(s) ['docs']"),
              # the ablation ran its fixed n = 3..7 over every category whatever these said
              ("ngram_ablation", {"n": [3]}, "unknown key 'n'; allowed: budget_s, prompts_per_category, split, tokens"),
              ("ngram_ablation", {"categories": ["code"]}, "unknown key 'categories'"))
