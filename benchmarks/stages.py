@@ -136,8 +136,16 @@ def _scored_set(table: dict, where: str) -> None:
         raise SplitInferError(f"{where}: {e}") from None
 
 
+def _wire_dtype(name: str, where: str) -> None:
+    from splitinfer.cli_flags import WIRE_DTYPES
+
+    if name not in WIRE_DTYPES:
+        raise SplitInferError(f"{where}: unknown wire dtype {name!r}; choose from {', '.join(WIRE_DTYPES)}")
+
+
 # key -> check of one value or list item, raising a one-line SplitInferError
-VALUE_CHECKS = {"splits": _split, "split": _split, "categories": _category, "scored_set": _scored_set}
+VALUE_CHECKS = {"splits": _split, "split": _split, "categories": _category, "scored_set": _scored_set,
+                "wire_dtype": _wire_dtype}
 
 
 def stage_config(name: str, keys: str) -> type[StageConfig]:

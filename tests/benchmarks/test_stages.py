@@ -52,6 +52,7 @@ def test_stage_tables_refuse_items_and_values_a_run_would_misread():
              ("speed", {"categories": ["code", "poetry"]}, "s: categories: unknown prompt category 'poetry'; choose "
               "from code, structured, creative, conversational"),
              ("rtt_model", {"split": "2"}, "s: split: bad split '2'; write it as HEAD,TAIL"),
+             ("speed", {"wire_dtype": "fp64"}, "s: wire_dtype: unknown wire dtype 'fp64'; choose from fp16, fp32, bf16"),
              ("defenses", {"scored_set": {"docs_per_corpus": "six"}},  # int("six") raised ValueError in the stage
               "s: scored_set: scored_set.docs_per_corpus must be a whole number >= 0, got 'six'"),
              ("defenses", {"scored_set": {"docs": 6}}, "s: scored_set: scored_set has unknown key(s) ['docs']"),
