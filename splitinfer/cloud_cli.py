@@ -14,7 +14,7 @@ import logging
 import sys
 from dataclasses import dataclass
 
-from splitinfer.cli_flags import LinkFlags, ModelFlags, add_link_args, add_model_args, finite_float
+from splitinfer.cli_flags import LinkFlags, ModelFlags, add_link_args, add_model_args, finite_float, positive_int
 from splitinfer.errors import SplitInferError
 
 log = logging.getLogger(__name__)
@@ -221,7 +221,7 @@ def register(sub) -> None:
     add_model_args(c)
     add_link_args(c)
     add_cloud_args(c)
-    c.add_argument("--max-new-tokens", type=int, default=256, help="per reply")
+    c.add_argument("--max-new-tokens", type=positive_int, default=256, help="per reply")
     c.add_argument("--system", default=None, help="optional system prompt")
     c.add_argument("--temperature", type=finite_float, default=0.0, help="0 = greedy (default)")
     c.add_argument("--top-p", type=finite_float, default=1.0)

@@ -103,6 +103,7 @@ def test_schema_errors_end_in_one_line(tmp_path, capsys):
     (["bench", "transport", "--repeats", "0"], "argument --repeats: 0 must be >= 1"),
     (["bench", "transport", "--synthetic-hidden", "576,-1"], "argument --synthetic-hidden: -1 must be >= 1"),
     (["bench", "extract", "--depths", "0,8"], "argument --depths: 0 must be >= 1"),
+    (["chat", "--model", "tiny-random", "--max-new-tokens", "0"], "argument --max-new-tokens: 0 must be >= 1"),
 ])
 def test_nan_infinite_and_zero_flags_are_refused_before_anything_runs(argv, message, capsys):
     assert finite_float("1e3") == 1000.0
