@@ -71,19 +71,11 @@ def cmd_extract(args) -> int:
 
 
 def cmd_run(args) -> int:
-    import sys
-
     from benchmarks.run import run_suite
     from benchmarks.shard import Shard
-    from benchmarks.suite import load_suite
-    from benchmarks.suite_names import check_names
+    from benchmarks.suite_names import checked_suite
 
-    suite = load_suite(args.suite)
-    unknown = check_names(suite)  # what `bench validate` says, before the model loads, not when a stage starts
-    for line in unknown:
-        print(f"splitinfer: error: {line}", file=sys.stderr)
-    if unknown:
-        return 2
+    suite = checked_suite(args.suite)  # what `bench validate` says, before the model loads, not when a stage starts
     if args.device is not None:  # e.g. the full suite on a GPU machine without editing its .toml
         from dataclasses import replace
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from benchmarks.bench_output import document, write_dir
 from benchmarks.stage_defenses import defenses_section, stage_defenses
-from benchmarks.suite import load_suite
+from benchmarks.suite_names import checked_suite
+from splitinfer.errors import SplitInferError
 from splitinfer.models import load_model
 
 
@@ -28,7 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--specs", default=None, help="';'-separated subset of the suite's defense specs, in this order")
     args = ap.parse_args(argv)
-    suite = load_suite(args.suite)
+    try:
+        suite = checked_suite(args.suite)
+    except SplitInferError as e:
+        ap.error(str(e))
     cfg = dict(suite.stage("defenses"))
     specs = args.specs.split(";") if args.specs else list(cfg["defenses"])
     loaded = load_model(suite.model)

@@ -212,7 +212,7 @@ def _ints(text: str) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.checkout import git_state, remember_git_state
-    from benchmarks.suite import load_suite
+    from benchmarks.suite_names import checked_suite
     from splitinfer.models import load_model
 
     remember_git_state()  # the checkout as this command found it, before it writes anything
@@ -250,10 +250,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--depths and --repeats take integers, comma-separated, e.g. --repeats 1,2,4,8,16")
     if not depths or not repeats or min(repeats) < 1 or repeats[0] != 1:
         p.error("give at least one depth, and repeats that start at 1 (the single session every gain is against)")
-    suite = load_suite(args.suite)
-    cfg = suite.stage("defenses") or {}
-    device = args.device or suite.device
     try:
+        suite = checked_suite(args.suite)
+        cfg = suite.stage("defenses") or {}
+        device = args.device or suite.device
         check_device(device)
         for s in args.specs:
             _sigma(DefensePipeline.parse(s))

@@ -16,7 +16,7 @@ from splitinfer.decoding.base import registered_proposers, typed_proposer_option
 from splitinfer.defenses.base import parse_items
 from splitinfer.errors import SplitInferError
 
-__all__ = ["check_names", "component_lines"]
+__all__ = ["check_names", "checked_suite", "component_lines"]
 
 
 def _attack(name: str) -> None:
@@ -92,6 +92,19 @@ def check_names(suite) -> list[str]:
             except SplitInferError as e:
                 errors.append(f"{suite.path} [{stage}] decoding_options: {e}")
     return errors
+
+
+def checked_suite(name_or_path: str):
+    """:func:`benchmarks.suite.load_suite` then :func:`check_names`, for commands that run a suite: a
+    SplitInferError names the first problem (and how many more ``bench validate`` lists) before any model loads."""
+    from benchmarks.suite import load_suite
+
+    suite = load_suite(name_or_path)
+    problems = check_names(suite)
+    if problems:
+        more = f" (and {len(problems) - 1} more: splitinfer bench validate {suite.path})" if len(problems) > 1 else ""
+        raise SplitInferError(problems[0] + more)
+    return suite
 
 
 def component_lines() -> list[str]:

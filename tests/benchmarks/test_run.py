@@ -96,3 +96,7 @@ def test_bench_run_refuses_what_bench_validate_refuses_before_the_model_loads(tm
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "[defenses] options: attack 'linear-probe' has no hyper-parameter(s) ['epoch']" in err[0]
     assert not out.exists()
+    path.write_text(SUITE + '\n[defenses]\nattackers = ["nope"]\noptions = { "mlp" = { lr = "fast" } }\n')
+    assert main(["bench", "run", "--suite", str(path), "--out", str(out)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "attackers: unknown attack 'nope'" in line and line.endswith(f"(and 1 more: splitinfer bench validate {path})")
