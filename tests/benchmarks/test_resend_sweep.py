@@ -66,6 +66,17 @@ def test_a_spec_without_wire_noise_is_refused(tmp_path, capsys):
     assert "no wire noise to resend under" in capsys.readouterr().err
 
 
+def test_a_missing_or_bad_suite_is_one_line_before_the_model_loads(tmp_path, capsys):
+    # a missing suite file was a SplitInferError traceback
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "bad"\nmodel = "tiny-random"\n[defenses]\nattackers = ["nope"]\n')
+    for suite, message in ((str(tmp_path / "missing.toml"), "no suite"), (str(bad), "unknown attack 'nope'")):
+        with pytest.raises(SystemExit) as e:
+            resend_sweep.main(["--suite", suite, "--specs", "noise(sigma=0.1)", "--out", str(tmp_path / "o")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and message in err[-1] and not any("Traceback" in line for line in err)
+
+
 def test_attack_rescore_reproduces_every_row_from_its_predictions(swept):
     """The first committed run recorded its rows under other run names than its predictions carry, so `attack
     rescore` found none of them."""
