@@ -56,10 +56,9 @@ class ScoredSetConfig:
         if unknown:
             raise SplitInferError(f"scored_set has unknown key(s) {sorted(unknown)}; use "
                                   f"{sorted(cls.__dataclass_fields__)}")
-        bad = {k: v for k, v in raw.items() if isinstance(v, bool) or not isinstance(v, int) or v < 0}
-        if bad:
-            key, value = next(iter(bad.items()))
-            raise SplitInferError(f"scored_set.{key} must be a whole number >= 0, got {value!r}")
+        for key, value in raw.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise SplitInferError(f"scored_set.{key} must be a whole number >= 0, got {value!r}")
         return cls(**raw)
 
 

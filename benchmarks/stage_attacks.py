@@ -47,14 +47,20 @@ THREAT_NOTE = ("white-box (exact) = inverts the published local layers (vocab-ma
 PREFIX_SUITE_KEYS = ("scored_tokens", "pii_tokens")  # suite-only options of a prefix-scored attacker: tokens scored
 
 
+def suite_only_keys(name: str) -> tuple[str, ...]:
+    """The keys of attacker ``name``'s ``options`` that this stage reads itself, not hyper-parameters: how many
+    tokens a prefix-scored attacker scores (:data:`PREFIX_SUITE_KEYS`); none for the others."""
+    return PREFIX_SUITE_KEYS if get_attack_class(ALIASES.get(name, (name, {}))[0]).scoring == "prefixes" else ()
+
+
 def grid_config(cfg: dict, seed: int) -> GridConfig:
     """The suite's ``[attacks]`` table as a :class:`GridConfig` (the suite's own dict is not modified)."""
     corpora = tuple(cfg.get("corpora", ["prose"]))
     names = tuple(cfg.get("attacks", ["linear-probe"]))
     options = {name: dict(opts) for name, opts in cfg.get("options", {}).items()}
     prefix, prefix_pii = 40, 96
-    for name, opts in options.items():  # suite keys of prefix-scored attackers: how many tokens to score
-        if get_attack_class(ALIASES.get(name, (name, {}))[0]).scoring == "prefixes":
+    for name, opts in options.items():
+        if suite_only_keys(name):
             prefix, prefix_pii = (int(opts.pop(k, d)) for k, d in zip(PREFIX_SUITE_KEYS, (prefix, prefix_pii)))
     return GridConfig(
         head_depths=tuple(cfg.get("head_depths", [2])), tail_layers=tuple(cfg.get("tail_depths", [])), corpora=corpora,

@@ -19,29 +19,29 @@ from splitinfer.errors import SplitInferError
 __all__ = ["check_names", "checked_suite", "component_lines"]
 
 
-def _attack(name: str) -> None:
+def _attack(name: str) -> tuple[type, dict]:
+    """The attack class a suite's attacker ``name`` makes and its preset options (an alias such as ``mlp-seed``
+    presets some); a SplitInferError for a name no registry knows."""
     from attacks.errors import AttackError
     from benchmarks.attack_grid import ALIASES  # suite name -> (attack, preset options)
 
+    base, preset = ALIASES.get(name, (name, {}))
     try:
-        get_attack_class(ALIASES.get(name, (name, {}))[0])
+        return get_attack_class(base), preset
     except AttackError as e:
         raise SplitInferError(str(e)) from None
 
 
 def _attack_options(name: str, options, stage: str) -> None:
     """The ``options`` table's entry for attack ``name``: a registered attack, its keys its hyper-parameters (and,
-    for a prefix-scored attacker in the attacks stage, the suite's own scored_tokens / pii_tokens), typed right."""
+    in the attacks stage, the keys that stage reads itself), typed right."""
     from attacks.errors import AttackError
-    from benchmarks.attack_grid import ALIASES
-    from benchmarks.stage_attacks import PREFIX_SUITE_KEYS
+    from benchmarks.stage_attacks import suite_only_keys
 
-    _attack(name)
+    cls, preset = _attack(name)
     if not isinstance(options, dict):
         raise SplitInferError(f"{name}: give a table of hyper-parameters, e.g. {{ epochs = 2 }}, got {options!r}")
-    base, preset = ALIASES.get(name, (name, {}))
-    cls = get_attack_class(base)
-    suite_only = PREFIX_SUITE_KEYS if stage == "attacks" and cls.scoring == "prefixes" else ()
+    suite_only = suite_only_keys(name) if stage == "attacks" else ()
     own = {k: v for k, v in options.items() if k not in suite_only}
     try:
         cls.typed_hparams({**preset, **own})
