@@ -27,7 +27,7 @@ import torch
 
 from splitinfer.defenses.base import DefenseError, register_defense
 from splitinfer.defenses.lora_random import HeadLora, copy_lora, lora_holder, with_head_layers
-from splitinfer.tokens import encode_texts
+from splitinfer.tokens import added_tokens, encode_texts
 
 log = logging.getLogger(__name__)
 
@@ -51,23 +51,42 @@ def trainable_lora(layers: torch.nn.ModuleList, rank: int, seed: int) -> torch.n
     return holder
 
 
+def training_windows(tokenizer: Any, texts: Sequence[str], seq_len: int) -> tuple[torch.Tensor, int]:
+    """``(windows (S, seq_len), P)``: the texts' tokens packed end to end into windows, each opening as the
+    tokenizer opens a text (its ``P`` prefix tokens: Gemma's, Llama's, Mistral's BOS; none for SmolLM2).
+
+    Without the prefix a window of a BOS model starts mid-text with no BOS, a state the deployed model never
+    sees (Gemma 3 degenerates without it), and the texts' own BOS lands mid-window. A model that adds nothing
+    gets the texts' tokens concatenated and cut every ``seq_len``, as before.
+    """
+    prefix, _ = added_tokens(tokenizer)
+    n_prefix = len(prefix)
+    body = seq_len - n_prefix  # text tokens per window
+    if body < 2:
+        raise DefenseError(f"lora-private: seq_len={seq_len} leaves {body} text token(s) after the tokenizer's "
+                           f"{n_prefix} prefix token(s); give seq_len >= {n_prefix + 2}")
+    stream = [t for enc in encode_texts(tokenizer, list(texts)) for t in enc.ids[n_prefix:]]  # each without its prefix
+    if len(stream) < body + 1:
+        raise DefenseError(f"lora-private: the training texts hold {len(stream)} tokens; give at least {body + 1}")
+    chunks = torch.tensor(stream[: len(stream) // body * body]).reshape(-1, body)  # (S, body)
+    return torch.cat([torch.tensor(prefix, dtype=chunks.dtype).expand(len(chunks), n_prefix), chunks], 1), n_prefix
+
+
 def train_adapter(loaded, depth: int, texts: Sequence[str], out: str | Path, *, rank: int = 8, steps: int = 100,
                   lr: float = 1e-3, seq_len: int = 64, batch: int = 4, lm_weight: float = 0.5, seed: int = 0,
                   regulariser: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
                   extra_meta: Callable[[], dict] | None = None) -> Path:
     """Fit a LoRA adapter on the first ``depth`` layers to the user's texts; write it to ``out`` and return it.
 
-    ``regulariser(states (B, T, d), ids (B, T))`` adds a term on the head's output states to each step's loss
-    (``lora-adv``'s adversary); ``extra_meta()`` adds entries to the adapter's JSON when it is written.
+    Each step draws ``batch`` windows of :func:`training_windows`. ``regulariser(states (B, T - P, d), ids (B,
+    T - P))`` adds a term on the head's output states at the text positions (not the ``P`` public prefix ones)
+    to each step's loss (``lora-adv``'s adversary); ``extra_meta()`` adds entries to the adapter's JSON.
     """
     from safetensors.torch import save_file
 
     from splitinfer.defenses.rerun import boundary
 
-    ids = [t for enc in encode_texts(loaded.tokenizer, list(texts)) for t in enc.ids]
-    if len(ids) < seq_len + 1:
-        raise DefenseError(f"lora-private: the training texts hold {len(ids)} tokens; give at least {seq_len + 1}")
-    data = torch.tensor(ids[: len(ids) // seq_len * seq_len]).reshape(-1, seq_len)  # (S, seq_len)
+    data, n_prefix = training_windows(loaded.tokenizer, texts, seq_len)  # (S, seq_len)
     holder = trainable_lora(loaded.model.model.layers[:depth], rank, seed)
     student = with_head_layers(loaded.model, list(holder.layers))
     params = [p for p in holder.parameters() if p.requires_grad]
@@ -84,7 +103,8 @@ def train_adapter(loaded, depth: int, texts: Sequence[str], out: str | Path, *, 
         logp = torch.log_softmax(logits, -1)
         kl = torch.nn.functional.kl_div(logp, teacher, log_target=True, reduction="batchmean") / x.shape[1]
         lm = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
-        loss = kl + lm_weight * lm + (regulariser(states[depth], x) if regulariser else 0.0)
+        # the regulariser reads the text's positions only: the prefix is public and the same in every window
+        loss = kl + lm_weight * lm + (regulariser(states[depth][:, n_prefix:], x[:, n_prefix:]) if regulariser else 0.0)
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -74,3 +74,41 @@ def test_an_adapter_trains_on_the_models_device_and_applies_there(tiny, tmp_path
     ids = tiny.tokenizer(TEXT[0], add_special_tokens=False)["input_ids"][:12]
     logits = sm.sequence_logits(ids)
     assert logits.device.type == device and bool(torch.isfinite(logits).all())
+
+
+def test_training_windows_open_with_the_tokenizers_bos_and_carry_no_other():
+    """A BOS model's adapter trains on windows that open as its texts do (before: 64-token cuts of the texts
+    concatenated, so a window began mid-text without the BOS, which Gemma 3 never sees, and held BOS mid-way)."""
+    from splitinfer.defenses.lora_private import training_windows
+    from splitinfer.models import tiny_tokenizer
+    from tests.splitinfer.test_tokens import llama_style_tokenizer
+
+    tok = llama_style_tokenizer()
+    texts = ["Dear Ann, the clinic moved your appointment.", "Call 555-0199 to confirm it, please."]
+    windows, n_prefix = training_windows(tok, texts, 16)
+    assert n_prefix == 1 and windows.shape[1] == 16
+    assert (windows[:, 0] == tok.bos_token_id).all() and (windows[:, 1:] != tok.bos_token_id).all()
+    text_ids = [t for x in texts for t in tok(x, add_special_tokens=False)["input_ids"]]
+    assert windows[:, 1:].reshape(-1).tolist() == text_ids[: windows[:, 1:].numel()]  # packed in order
+    plain, none = training_windows(tiny_tokenizer(), texts, 16)  # no prefix: the texts cut every 16, as before
+    ids = [t for x in texts for t in tiny_tokenizer()(x, add_special_tokens=False)["input_ids"]]
+    assert none == 0 and plain.reshape(-1).tolist() == ids[: len(ids) // 16 * 16]
+    with pytest.raises(DefenseError, match="give seq_len >= 3"):
+        training_windows(tok, texts, 2)
+
+
+def test_the_regulariser_reads_the_text_positions_not_the_public_bos(tiny, tmp_path):
+    from splitinfer.models import LoadedModel
+    from tests.splitinfer.test_tokens import llama_style_tokenizer
+
+    tok = llama_style_tokenizer()
+    loaded = LoadedModel(tiny.model, tok, "tiny-bos", tiny.sha256, None)
+    seen = []
+
+    def regulariser(states, ids):
+        seen.append((tuple(states.shape), ids.clone()))
+        return states.sum() * 0.0
+
+    train_adapter(loaded, 2, TEXT, tmp_path, rank=2, steps=2, seq_len=16, batch=2, regulariser=regulariser)
+    assert [s for s, _ in seen] == [(2, 15, tiny.hidden_size)] * 2
+    assert all((ids != tok.bos_token_id).all() for _, ids in seen)
