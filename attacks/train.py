@@ -220,6 +220,25 @@ def cmd_rescore(args) -> int:
     return 0
 
 
+def cmd_compare(args) -> int:
+    from attacks.compare import compare
+
+    c = compare(args.a, args.b)
+    scope = "" if c["complete"] else " (size-capped files: the documents they keep)"
+    print(f"A {c['a']['run']}: {100 * c['a']['token_acc_top1']:.1f}% top-1")
+    print(f"B {c['b']['run']}: {100 * c['b']['token_acc_top1']:.1f}% top-1")
+    if c["ci_low"] is None:
+        ci = " (no interval below 2 documents)"
+    else:
+        ci = (f" [{100 * c['ci_low']:+.1f}, {100 * c['ci_high']:+.1f}], paired over documents; "
+              + ("the interval excludes 0" if c["significant"] else "the interval includes 0: no difference shown"))
+    print(f"A - B: {100 * c['diff']:+.1f} points{ci} ({c['n_tokens']:,} user-text tokens, "
+          f"{c['n_documents']} documents{scope})")
+    if args.json:
+        print(json.dumps(c))
+    return 0
+
+
 def cmd_list(args) -> int:
     from attacks.registry import list_attacks
 
@@ -315,6 +334,14 @@ def add_parsers(asub) -> None:
                    "with its results document (exit 1 on any difference)")
     r.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     r.set_defaults(func=cmd_rescore)
+
+    c = asub.add_parser("compare", help="A minus B top-1 recovery on one scored set, paired over documents, from "
+                        "two predictions files")
+    c.add_argument("a", help="a *.jsonl.gz predictions file (e.g. a grid cell's attacker under one defense)")
+    c.add_argument("b", help="a predictions file scored on the same tokens (another attacker or defense of the "
+                   "same grid at the same head depth)")
+    c.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    c.set_defaults(func=cmd_compare)
 
     ls = asub.add_parser("list", help="list attack recipes and their threat models")
     ls.add_argument("--json", action="store_true")
