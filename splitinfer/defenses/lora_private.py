@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from splitinfer.defenses.base import DefenseError, register_defense
 from splitinfer.defenses.lora_random import HeadLora, copy_lora, lora_holder, with_head_layers
@@ -94,7 +95,8 @@ def train_adapter(loaded, depth: int, texts: Sequence[str], out: str | Path, *, 
     gen = torch.Generator().manual_seed(seed)  # batches drawn on the CPU, then moved: the same on every device
     device = next(loaded.model.parameters()).device
     last = float("nan")
-    for step in range(steps):
+    bar = tqdm(range(steps), desc="head adapter", unit="step", leave=False)
+    for step in bar:
         x = data[torch.randint(0, len(data), (min(batch, len(data)),), generator=gen)].to(device)  # (B, seq_len)
         with torch.no_grad():
             teacher = torch.log_softmax(loaded.model(x).logits.float(), -1)  # (B, seq_len, V)
@@ -110,6 +112,7 @@ def train_adapter(loaded, depth: int, texts: Sequence[str], out: str | Path, *, 
         opt.step()
         last = float(loss.detach())
         if step % 20 == 0:
+            bar.set_postfix(loss=f"{last:.4f}", kl=f"{float(kl.detach()):.4f}")
             log.info("lora-private step %d: loss %.4f (kl %.4f)", step, last, float(kl.detach()))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

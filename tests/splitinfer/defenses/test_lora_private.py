@@ -97,7 +97,7 @@ def test_training_windows_open_with_the_tokenizers_bos_and_carry_no_other():
         training_windows(tok, texts, 2)
 
 
-def test_the_regulariser_reads_the_text_positions_not_the_public_bos(tiny, tmp_path):
+def test_the_regulariser_reads_the_text_positions_not_the_public_bos(tiny, tmp_path, capsys):
     from splitinfer.models import LoadedModel
     from tests.splitinfer.test_tokens import llama_style_tokenizer
 
@@ -112,3 +112,4 @@ def test_the_regulariser_reads_the_text_positions_not_the_public_bos(tiny, tmp_p
     train_adapter(loaded, 2, TEXT, tmp_path, rank=2, steps=2, seq_len=16, batch=2, regulariser=regulariser)
     assert [s for s, _ in seen] == [(2, 15, tiny.hidden_size)] * 2
     assert all((ids != tok.bos_token_id).all() for _, ids in seen)
+    assert "head adapter" in capsys.readouterr().err  # a progress bar over the training steps (before: silent)
