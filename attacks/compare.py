@@ -10,8 +10,9 @@ bootstrap over documents of :func:`attacks.metrics.paired_bootstrap_diff` on
 the per-document counts of :func:`attacks.evaluate.doc_top1_counts`, seeded
 from the files' settings: the computation behind the grid's own "vs
 undefended" and "strongest leads by" columns, so a pair the report shows
-prints the same interval here (DESIGN.md section 5). Reading two unpaired intervals for overlap instead is both weaker
-and, with correlated documents, misleading.
+prints the same interval here (DESIGN.md section 5). Reading two unpaired
+intervals for overlap instead is both weaker and, with correlated documents,
+misleading.
 
 Two files whose scored tokens differ (documents, their order, true tokens or
 template marks) are refused: their difference would mix a change of attacker

@@ -29,7 +29,8 @@ def test_compare_prints_the_grids_own_paired_gap(tmp_path: Path) -> None:
     pa = collect(_guess(taps, 0.9, 0), taps, vocab_size=100, prior=prior_from_taps(_chat_taps(seed=1)))
     pb = collect(_guess(taps, 0.3, 1), taps, vocab_size=100, prior=prior_from_taps(_chat_taps(seed=1)))
     sa, sb = pa.summarize()["token_acc_top1"], pb.summarize()["token_acc_top1"]
-    assert c["a"]["token_acc_top1"] == pytest.approx(sa["value"]) and c["b"]["token_acc_top1"] == pytest.approx(sb["value"])
+    assert c["a"]["token_acc_top1"] == pytest.approx(sa["value"])
+    assert c["b"]["token_acc_top1"] == pytest.approx(sb["value"])
     gap = paired_gap({"doc_top1": doc_top1_counts(pa)}, {"doc_top1": doc_top1_counts(pb)})
     assert (c["diff"], c["ci_low"], c["ci_high"]) == pytest.approx((gap["value"], gap["ci_low"], gap["ci_high"]))
     assert c["significant"] and c["n_tokens"] == 24 * 8 and c["n_documents"] == 24  # user text only
