@@ -6,11 +6,10 @@ defenses of one grid at one head depth (their cells share the scored set), a
 defended run and the undefended one. Each side's top-1 recovery is its
 ``token_acc_top1`` (user text; template and special positions are public and
 left out, as every table does), and the difference comes with the paired
-bootstrap over documents of :func:`attacks.metrics.paired_bootstrap_diff` on
-the per-document counts of :func:`attacks.evaluate.doc_top1_counts`, seeded
-from the files' settings: the computation behind the grid's own "vs
-undefended" and "strongest leads by" columns, so a pair the report shows
-prints the same interval here (DESIGN.md section 5). Reading two unpaired
+bootstrap over documents of :func:`attacks.evaluate.paired_gap`, seeded from
+the files' settings: the function behind the grid's own "vs undefended" and
+"strongest leads by" columns, so a pair the report shows prints the same
+interval here (DESIGN.md section 5). Reading two unpaired
 intervals for overlap instead is both weaker and, with correlated documents,
 misleading.
 
@@ -27,8 +26,7 @@ from typing import Any
 import numpy as np
 
 from attacks.errors import AttackError
-from attacks.evaluate import doc_top1_counts
-from attacks.metrics import paired_bootstrap_diff
+from attacks.evaluate import doc_top1_counts, paired_gap
 from attacks.predictions import Predictions, read_predictions
 
 __all__ = ["compare"]
@@ -61,12 +59,12 @@ def compare(path_a: str | os.PathLike[str], path_b: str | os.PathLike[str]) -> d
     total = np.asarray(ca["total"], dtype=np.float64)  # (D,) the same for both: the same tokens
     if total.sum() == 0:
         raise AttackError(f"{os.fspath(path_a)!r}: no user-text tokens to compare (every position is template)")
-    diff, low, high = paired_bootstrap_diff(ca["correct"], total, cb["correct"], total,
-                                            n_boot=int(a.settings.get("n_boot", 1000)),
-                                            seed=int(a.settings.get("seed", 0)))
+    gap = paired_gap({"doc_top1": ca}, {"doc_top1": cb}, n_boot=int(a.settings.get("n_boot", 1000)),
+                     seed=int(a.settings.get("seed", 0)))
+    low, high = gap["ci_low"], gap["ci_high"]
     acc = {side: float(np.sum(c["correct"]) / total.sum()) for side, c in (("a", ca), ("b", cb))}
     return {"a": {"run": a.meta.get("run", os.fspath(path_a)), "token_acc_top1": acc["a"]},
             "b": {"run": b.meta.get("run", os.fspath(path_b)), "token_acc_top1": acc["b"]},
-            "diff": diff, "ci_low": low, "ci_high": high,
+            "diff": gap["value"], "ci_low": low, "ci_high": high,
             "significant": low is not None and (low > 0 or high < 0),
             "n_tokens": int(total.sum()), "n_documents": int((total > 0).sum()), "complete": a.complete and b.complete}

@@ -27,7 +27,7 @@ from attacks.predictions import Predictions
 from attacks.tapdata import Taps
 from splitinfer.corpora import template_token_mask
 
-__all__ = ["collect", "score", "flat_report", "prior_from_taps", "prior_tokens", "doc_top1_counts"]
+__all__ = ["collect", "score", "flat_report", "prior_from_taps", "prior_tokens", "doc_top1_counts", "paired_gap"]
 
 
 def prior_tokens(unigram_top: Sequence[int]) -> np.ndarray:
@@ -89,6 +89,30 @@ def doc_top1_counts(pred: Predictions) -> dict[str, list]:
 
     correct, total = scoped_counts(pred.true, pred.topk, [~t for t in pred.template], 1)
     return {"doc_ids": list(pred.doc_ids), "correct": correct.tolist(), "total": total.tolist()}
+
+
+def paired_gap(a: dict[str, Any], b: dict[str, Any], n_boot: int = 1000, seed: int = 0
+               ) -> dict[str, Any] | None:
+    """top-1 of ``a`` minus ``b`` with a paired bootstrap interval over their shared documents (None: none shared).
+
+    ``a`` and ``b`` carry ``doc_top1`` (:func:`doc_top1_counts`). Every paired difference of the tables ("vs
+    undefended", "strongest leads by", a resend row's gain) and ``splitinfer attack compare`` is this one."""
+    from attacks.metrics import paired_bootstrap_diff
+
+    da, db = a.get("doc_top1"), b.get("doc_top1")
+    if not da or not db:
+        return None
+    index = {d: i for i, d in enumerate(db["doc_ids"])}
+    pairs = [(i, index[d]) for i, d in enumerate(da["doc_ids"]) if d in index]
+    if not pairs:
+        return None
+    ia, ib = (np.asarray(p, dtype=np.int64) for p in zip(*pairs))
+    ca, ta = np.asarray(da["correct"])[ia], np.asarray(da["total"])[ia]
+    cb, tb = np.asarray(db["correct"])[ib], np.asarray(db["total"])[ib]
+    if ta.sum() == 0 or tb.sum() == 0:
+        return None
+    diff, lo, hi = paired_bootstrap_diff(ca, ta, cb, tb, n_boot=n_boot, seed=seed)
+    return {"value": diff, "ci_low": lo, "ci_high": hi, "n": len(pairs)}
 
 
 def flat_report(summary: dict[str, dict[str, Any]], **extra: Any) -> dict[str, Any]:

@@ -6,14 +6,14 @@ template's tokens alone. Intervals print ``n/a`` where there are fewer than 2
 documents; lift is over the strongest activation-free baseline (uniform,
 unigram, position prior), with a paired bootstrap interval; attackers are
 compared with a paired bootstrap of the difference
-(:func:`attacks.metrics.paired_bootstrap_diff`), not by disjoint intervals.
+(:func:`attacks.evaluate.paired_gap`), not by disjoint intervals.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from attacks.metrics import paired_bootstrap_diff
+from attacks.evaluate import paired_gap
 
 SCOPE = ("Scope: user text (turn content); chat-template tokens (system prompt, role markers) are excluded and "
          "shown apart in the template column. Intervals: 95%, documents as the unit: Clopper-Pearson over documents "
@@ -93,16 +93,12 @@ def pii_cell(m: dict[str, Any] | None) -> str:
 
 def compare(a: dict[str, Any], b: dict[str, Any], seed: int = 0) -> str:
     """``a - b`` top-1 (user text) with a paired bootstrap CI over their shared documents, from rows' ``doc_top1``."""
-    da, db = a.get("doc_top1"), b.get("doc_top1")
-    if not da or not db:
+    if not a.get("doc_top1") or not b.get("doc_top1"):
         return "n/a (no per-document counts)"
-    ib = {d: i for i, d in enumerate(db["doc_ids"])}
-    shared = [(i, ib[d]) for i, d in enumerate(da["doc_ids"]) if d in ib]
-    if not shared:
+    gap = paired_gap(a, b, seed=seed)
+    if gap is None:
         return "n/a (no shared documents)"
-    pick = lambda xs, j: [xs[p[j]] for p in shared]  # noqa: E731
-    diff, low, high = paired_bootstrap_diff(pick(da["correct"], 0), pick(da["total"], 0), pick(db["correct"], 1),
-                                            pick(db["total"], 1), seed=seed)
+    diff, low, high = gap["value"], gap["ci_low"], gap["ci_high"]
     if low is None:
         return f"{100 * diff:+.1f} [n/a]"
     verdict = "significant" if low > 0 or high < 0 else "not significant"
@@ -124,8 +120,6 @@ def common_set_table(rows: list[dict[str, Any]], seed: int = 0) -> list[str]:
     """Per head depth, every attacker on the depth's common scored set side by side (issue 28 "one grid"): the
     strongest in bold, each other's gap to it a paired bootstrap over documents (``*``: the interval excludes 0).
     Rows without a ``common`` score (output-side attackers, older results) are left out."""
-    from benchmarks.grid_cell import paired_gap
-
     pooled = [r for r in rows if r.get("corpus") == "all" and r.get("common")]
     names = list(dict.fromkeys(r["attack"] for r in pooled))
     if not pooled:

@@ -12,23 +12,20 @@ tokens while its score on its own, wider token set was reported, so 8 of the
 Here every attacker is scored on exactly the cell's set, the cell's recovery
 is the maximum top-1 over its attackers (:func:`strongest`), and each other
 attacker's gap to it is a paired bootstrap over documents
-(:func:`attacks.metrics.paired_bootstrap_diff`, DESIGN.md section 5).
+(:func:`attacks.evaluate.paired_gap`, DESIGN.md section 5).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from attacks.base import Inversion
-from attacks.evaluate import collect, doc_top1_counts
-from attacks.metrics import paired_bootstrap_diff
+from attacks.evaluate import collect, doc_top1_counts, paired_gap
 from attacks.metrics.baselines import TokenPrior
 from attacks.predictions import Predictions
 from attacks.tapdata import Taps
 
-__all__ = ["score_on_set", "strongest", "paired_gap", "gaps_to_strongest", "with_undefended_gaps", "summarise_row"]
+__all__ = ["score_on_set", "strongest", "gaps_to_strongest", "with_undefended_gaps", "summarise_row"]
 
 
 def score_on_set(inv: Inversion, target: Taps, *, vocab: int, prior: TokenPrior, n_boot: int, seed: int,
@@ -45,27 +42,6 @@ def strongest(tried: list[dict[str, Any]]) -> dict[str, Any]:
     are left out."""
     pool = [x for x in tried if "k" not in x]
     return max(pool, key=lambda x: x["metrics"]["token_acc_top1"]["value"])
-
-
-def paired_gap(a: dict[str, Any], b: dict[str, Any], n_boot: int = 1000, seed: int = 0
-               ) -> dict[str, Any] | None:
-    """top-1 of ``a`` minus ``b`` with a paired bootstrap interval over their shared documents (None: none shared).
-
-    ``a`` and ``b`` carry ``doc_top1`` (:func:`attacks.evaluate.doc_top1_counts`)."""
-    da, db = a.get("doc_top1"), b.get("doc_top1")
-    if not da or not db:
-        return None
-    index = {d: i for i, d in enumerate(db["doc_ids"])}
-    pairs = [(i, index[d]) for i, d in enumerate(da["doc_ids"]) if d in index]
-    if not pairs:
-        return None
-    ia, ib = (np.asarray(p, dtype=np.int64) for p in zip(*pairs))
-    ca, ta = np.asarray(da["correct"])[ia], np.asarray(da["total"])[ia]
-    cb, tb = np.asarray(db["correct"])[ib], np.asarray(db["total"])[ib]
-    if ta.sum() == 0 or tb.sum() == 0:
-        return None
-    diff, lo, hi = paired_bootstrap_diff(ca, ta, cb, tb, n_boot=n_boot, seed=seed)
-    return {"value": diff, "ci_low": lo, "ci_high": hi, "n": len(pairs)}
 
 
 def gaps_to_strongest(tried: list[dict[str, Any]], best: dict[str, Any], n_boot: int = 1000,

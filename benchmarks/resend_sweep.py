@@ -39,12 +39,12 @@ from tqdm import tqdm
 
 from attacks.boundary import Boundary
 from attacks.defended import attacker_view, defend_taps, resent_taps
-from attacks.evaluate import prior_from_taps
+from attacks.evaluate import paired_gap, prior_from_taps
 from attacks.predictions import write_all
 from attacks.registry import make_attack
 from benchmarks.bench_output import document, write_dir
 from benchmarks.defenses_calibrate import calibrate
-from benchmarks.grid_cell import paired_gap, score_on_set
+from benchmarks.grid_cell import score_on_set
 from benchmarks.merge import copy_predictions
 from benchmarks.resend_merge import load_parts, load_sweep, merge_data, provenance
 from benchmarks.schema import add_metric, metric

@@ -9,9 +9,8 @@ import pytest
 
 from attacks.compare import compare
 from attacks.errors import AttackError
-from attacks.evaluate import collect, doc_top1_counts, prior_from_taps
+from attacks.evaluate import collect, doc_top1_counts, paired_gap, prior_from_taps
 from attacks.predictions import write_predictions
-from benchmarks.grid_cell import paired_gap
 from splitinfer.cli import main
 from tests.attacks.test_predictions import _chat_taps, _guess
 

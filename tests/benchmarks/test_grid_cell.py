@@ -6,7 +6,8 @@ import numpy as np
 
 from attacks.base import Inversion
 from attacks.metrics.baselines import TokenPrior
-from benchmarks.grid_cell import gaps_to_strongest, paired_gap, score_on_set, strongest
+from attacks.evaluate import paired_gap
+from benchmarks.grid_cell import gaps_to_strongest, score_on_set, strongest
 from tests.attacks.synth import make_taps
 
 
