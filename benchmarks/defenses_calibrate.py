@@ -33,6 +33,7 @@ from splitinfer.defenses import DefensePipeline
 from splitinfer.defenses.denoise import denoiser_pairs, train_denoiser
 from splitinfer.defenses.pclip import PositionClip, calibrate_clips, save_clips
 from splitinfer.defenses.shaped_noise import ShapedNoise, fisher_diag, fisher_scale
+from splitinfer.tokens import public_prefix_length
 
 __all__ = ["calibrate", "FISHER_SEQUENCES", "DENOISER_SEQUENCES"]
 
@@ -68,7 +69,9 @@ def calibrate(loaded, pipe: DefensePipeline, depth: int, tail: int, train: Taps,
         if d.name == "denoise" and d.mode == "learned" and not d.profile:
             noise = DefensePipeline([x for x in items if x.kind == "wire" and x.name != "denoise"])
             body_end = int(loaded.model.config.num_hidden_layers) - tail
-            pairs = denoiser_pairs(loaded.model, depth, body_end, noise, _sequences(train, DENOISER_SEQUENCES))
+            seqs = _sequences(train, DENOISER_SEQUENCES)
+            pairs = denoiser_pairs(loaded.model, depth, body_end, noise, seqs,
+                                   public=[public_prefix_length(loaded.tokenizer, s) for s in seqs])
             key, report = train_denoiser(pairs, {**meta, "noise": noise.label, "tail": tail}, seed=seed)
             log.info("denoise at head %d under %s: %s", depth, noise.label, report)
             items[i] = dataclasses.replace(d, profile=key)

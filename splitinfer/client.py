@@ -31,7 +31,7 @@ from splitinfer.protocol import wire_dtype as parse_wire_dtype
 from splitinfer.remote import RemoteBody
 from splitinfer.session import BodyService, ServiceLimits
 from splitinfer.timing import StepTiming, fit, mean_breakdown
-from splitinfer.tokens import encode_chat, encode_text
+from splitinfer.tokens import encode_chat, encode_text, public_prefix_length
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +223,8 @@ class SplitModel:
         sent = hidden.to(self.wire_dtype)
         if self.defense.transforms:  # noise, keyed by each row's token path
             sent = self.defense.transform_up(sent, positions, self.remote.session_no,
-                                             _row_digests(head_cache, tokens, parents, keep))
+                                             _row_digests(head_cache, tokens, parents, keep),
+                                             self._public_rows(tokens, positions, parents))
         t_cast = time.perf_counter()
         back, ft = self.remote.forward(sent, positions, parents, keep)  # (1, T, d) wire dtype
         t2 = time.perf_counter()
@@ -241,6 +242,16 @@ class SplitModel:
         if return_states:
             return logits, timing, (hidden[0], back[0], final[0])
         return logits, timing
+
+    def _public_rows(self, tokens: list[int], positions: list[int], parents: list[int] | None) -> list[bool] | None:
+        """(T,) the rows the cloud knows without user text, which ``noise`` and ``pclip`` release untouched: the
+        model's public opening (BOS, chat-template opening) in a step that starts the sequence as a chain; None in
+        every other step (``splitinfer.tokens.public_prefix_length``)."""
+        if parents is not None or not positions or positions[0] != 0:
+            return None
+        n = public_prefix_length(self.loaded.tokenizer, tokens)
+        n = next((i for i in range(n) if positions[i] != i), n)
+        return [i < n for i in range(len(tokens))] if n else None
 
     def sequence_logits(self, tokens: list[int]) -> torch.Tensor:
         """(T, V) fp32 logits of the whole of ``tokens``, teacher-forced in one round trip of a fresh session."""

@@ -30,9 +30,10 @@ import numpy as np
 from splitinfer.errors import SplitInferError
 
 __all__ = ["Encoded", "added_tokens", "encode_text", "encode_texts", "encode_chat", "public_mask",
-           "tokenisation_record"]
+           "leading_public", "public_opening", "public_prefix_length", "tokenisation_record"]
 
 _PROBE = "a"
+_TURN_PROBE = "Qxyzzy plugh"  # a user turn no chat template's own text contains
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,55 @@ def public_mask(enc: Encoded, template_spans: Sequence[Mapping[str, int]] = ()) 
 
     offs = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)  # (T, 2)
     return np.asarray(enc.public, dtype=bool) | template_token_mask(offs, template_spans)
+
+
+def leading_public(public: Sequence[bool] | None) -> int:
+    """How many positions of a sequence (from position 0) are public with every position before them.
+
+    Only these states are computed from public tokens alone: attention is causal, so the state of a public token
+    that comes after user text (a chat-template marker closing the user's turn) already mixes that text in, and a
+    defense must treat it as user data. 0 for None."""
+    n = 0
+    for p in public or ():
+        if not p:
+            break
+        n += 1
+    return n
+
+
+def _opening(tokenizer: Any) -> tuple[int, ...]:
+    prefix, _ = added_tokens(tokenizer)
+    if not getattr(tokenizer, "chat_template", None):
+        return tuple(prefix)
+    enc = encode_chat(tokenizer, [{"role": "user", "content": _TURN_PROBE}])
+    return tuple(enc.ids[: leading_public(enc.public)])
+
+
+_opening_cached = functools.lru_cache(maxsize=16)(_opening)
+
+
+def public_opening(tokenizer: Any) -> list[int]:
+    """The token ids every conversation with the model opens with before any user text: the tokenizer's added
+    prefix and the chat template's opening of a first user turn (with the template's default system prompt,
+    e.g. SmolLM2's); the added prefix alone for a tokenizer without a chat template."""
+    try:
+        return list(_opening_cached(tokenizer))
+    except TypeError:  # an unhashable tokenizer: no cache
+        return list(_opening(tokenizer))
+
+
+def public_prefix_length(tokenizer: Any, ids: Sequence[int]) -> int:
+    """How many leading ``ids`` the cloud knows without user text: their common prefix with
+    :func:`public_opening`. What the runtime knows from token ids alone (it has no template spans); a sequence
+    with its own system prompt shares the opening only up to that prompt's text, and a tokenisation that
+    merges the template's last token into the user's first stops the prefix one token early (both err towards
+    defending a state)."""
+    n = 0
+    for a, b in zip(ids, public_opening(tokenizer)):
+        if int(a) != b:
+            break
+        n += 1
+    return n
 
 
 def tokenisation_record(tokenizer: Any) -> dict[str, Any]:

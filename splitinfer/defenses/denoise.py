@@ -92,9 +92,12 @@ class Denoise(Defense):
 
 
 def denoiser_pairs(model: torch.nn.Module, depth: int, body_end: int, noise: DefensePipeline,
-                   seqs: Sequence[Sequence[int]], session0: int = TRAIN_SESSION0) -> dict[str, torch.Tensor]:
+                   seqs: Sequence[Sequence[int]], session0: int = TRAIN_SESSION0,
+                   public: Sequence[int] | None = None) -> dict[str, torch.Tensor]:
     """{y0, delta, clean}: (N, d) each, the body's output under ``noise`` minus the perturbation, the
-    perturbation, and the undefended body output, over every position of ``seqs`` (public weights)."""
+    perturbation, and the undefended body output, over every position of ``seqs`` (public weights).
+    ``public``: per sequence, how many leading positions the runtime releases untouched (its public opening,
+    ``splitinfer.tokens.public_prefix_length``); none if omitted."""
     out: dict[str, list] = {"y0": [], "delta": [], "clean": []}
     device = next(model.parameters()).device
     with torch.no_grad():
@@ -104,7 +107,9 @@ def denoiser_pairs(model: torch.nn.Module, depth: int, body_end: int, noise: Def
             sent: list[torch.Tensor] = []
 
             def edit(h: torch.Tensor) -> torch.Tensor:  # (1, T, d)
-                rel = noise.transform_up(h.float(), range(h.shape[1]), session0 + i, path_digests(0, seq))
+                n = public[i] if public is not None else 0
+                rel = noise.transform_up(h.float(), range(h.shape[1]), session0 + i, path_digests(0, seq),
+                                         [k < n for k in range(h.shape[1])])
                 sent.append(rel.float() - h.float())
                 return rel.to(h.dtype)
 

@@ -45,6 +45,7 @@ import torch
 
 from splitinfer.defenses.base import Defense, DefenseError, register_defense
 from splitinfer.defenses.keyed import draw_session, keyed_normal
+from splitinfer.tokens import leading_public
 
 
 @functools.lru_cache(maxsize=256)
@@ -69,11 +70,15 @@ def clip_rows(x: torch.Tensor, clip: float | torch.Tensor) -> torch.Tensor:
 
 
 def keep_public(released: torch.Tensor, original: torch.Tensor, public: Sequence[bool] | None) -> torch.Tensor:
-    """(T, d) released rows with the ``public`` rows put back to ``original`` (None: no public rows)."""
-    if public is None or not any(public):
+    """(T, d) released rows with the leading run of ``public`` rows put back to ``original`` (None: none).
+
+    ``public`` (T,) marks the rows of a sequence from position 0 whose tokens the cloud knows (an added BOS, the
+    chat template's opening). Only the run before the first user token goes back untouched
+    (:func:`splitinfer.tokens.leading_public`): a later public token's state has attended to user text."""
+    n = leading_public(public)
+    if not n:
         return released
-    mask = torch.as_tensor(list(public), dtype=torch.bool, device=released.device)[:, None]  # (T, 1)
-    return torch.where(mask, original.to(released.dtype), released)
+    return torch.cat([original[:n].to(released.dtype), released[n:]])
 
 
 @register_defense("noise")

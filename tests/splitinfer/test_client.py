@@ -123,3 +123,30 @@ def test_local_param_bytes_counts_tied_embedding_once(tiny):
     expected = sum(param_bytes(m) for m in parts)
     assert tiny.model.config.tie_word_embeddings
     assert sm.local_param_bytes() == expected
+
+
+def test_noise_leaves_the_public_opening_untouched_in_the_runtime(tiny):
+    """The runtime passes its public opening to the defenses that spare it: the BOS and template states (no
+    user text in them) reach the body as they are, so their logits are the undefended ones exactly. Before,
+    the client passed no mask and the clip crushed the attention sink (Gemma: 37.5% next-token agreement
+    under the clip alone instead of 97.9%)."""
+    from splitinfer.tokens import encode_chat, public_prefix_length
+
+    ids = encode_chat(tiny.tokenizer, [{"role": "user", "content": "a private question"}]).ids
+    n = public_prefix_length(tiny.tokenizer, ids)
+    assert n == 6
+    plain = SplitModel(tiny, "2,2", wire_dtype="fp32").sequence_logits(ids)
+    noised = SplitModel(tiny, "2,2", wire_dtype="fp32", defense="noise(sigma=1.0,clip=0.5)").sequence_logits(ids)
+    assert torch.equal(noised[:n], plain[:n])
+    assert not torch.allclose(noised[n:], plain[n:])
+
+
+def test_only_a_step_from_the_sequence_start_has_public_rows(tiny):
+    from splitinfer.tokens import public_opening
+
+    sm = SplitModel(tiny, "2,2")
+    opening = public_opening(tiny.tokenizer)
+    assert sm._public_rows(opening + [70], list(range(7)), None) == [True] * 6 + [False]
+    assert sm._public_rows(opening, list(range(3, 9)), None) is None  # a later step: every row is user data
+    assert sm._public_rows(opening, list(range(6)), [-1, 0, 1, 2, 3, 4]) is None  # a draft tree
+    assert sm._public_rows([70] + opening, list(range(7)), None) is None

@@ -8,7 +8,8 @@ import pytest
 from splitinfer.corpora import template_token_mask
 from splitinfer.errors import SplitInferError
 from splitinfer.models import tiny_tokenizer
-from splitinfer.tokens import added_tokens, encode_chat, encode_text, encode_texts, public_mask, tokenisation_record
+from splitinfer.tokens import (added_tokens, encode_chat, encode_text, encode_texts, leading_public, public_mask,
+                               public_opening, public_prefix_length, tokenisation_record)
 
 TEXTS = ["Hello world", "  two  spaces and a tab\t", "Fellow-Citizens of the Senate: 1813.", "é ü ß"]
 
@@ -114,3 +115,22 @@ def test_the_split_client_prompt_starts_with_the_bos(tiny):
     ids = sm.encode_prompt("hi")
     assert ids[0] == tok.bos_token_id and ids == tok("hi")["input_ids"]
     assert np.asarray(sm.encode_prompt("hi", chat=True)).tolist().count(tok.bos_token_id) == 1
+
+
+def test_the_public_opening_is_what_every_conversation_starts_with():
+    from splitinfer.models import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    opening = public_opening(tok)
+    assert tok.decode(opening) == "<|im_start|>user\n"
+    chat = encode_chat(tok, [{"role": "user", "content": "hi there"}])
+    assert public_prefix_length(tok, chat.ids) == len(opening) == leading_public(chat.public)
+    # its own system prompt: public only up to the prompt's text; plain text: nothing (no BOS added)
+    system = encode_chat(tok, [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}])
+    assert public_prefix_length(tok, system.ids) == 1
+    assert public_prefix_length(tok, encode_text(tok, "user text").ids) == 0
+
+
+def test_leading_public_stops_at_the_first_user_token():
+    assert leading_public([True, True, False, True]) == 2
+    assert leading_public([False, True]) == 0 and leading_public(None) == 0 and leading_public([True]) == 1

@@ -77,3 +77,13 @@ def test_the_denoiser_trains_and_runs_on_the_models_device(tiny, device):
     sm = SplitModel(loaded, "2,2", defense=DefensePipeline.parse(noise + f"+denoise(profile={dkey})"))
     logits = sm.sequence_logits(_seqs(1, 3)[0])
     assert logits.device.type == device and bool(torch.isfinite(logits).all())
+
+
+def test_denoiser_pairs_leave_the_public_opening_unperturbed(tiny):
+    """The pairs see what the runtime releases: the public opening untouched (no perturbation to learn)."""
+    key = save_clips(torch.full((2,), 8.0), 50.0, {"test": "denoise-public"})
+    noise = DefensePipeline.parse(f"pclip(sigma=0.1,percentile=50.0,profile={key})")
+    seqs = _seqs(2, 5)
+    pairs = denoiser_pairs(tiny.model, 2, 4, noise, seqs, public=[3, 0])
+    delta = pairs["delta"]  # (N, d)
+    assert bool((delta[:3] == 0).all()) and bool((delta[3:].abs().sum(-1) > 0).all())

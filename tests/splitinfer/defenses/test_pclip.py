@@ -31,11 +31,12 @@ def test_rows_clipped_to_their_position_and_public_rows_untouched():
     key = save_clips(torch.tensor([50.0, 2.0, 1.0]), 90.0, {"test": 1})
     d = PositionClip(sigma=0.0, percentile=90.0, profile=key)
     x = torch.randn(5, 16) * 100  # (T, d)
-    y = d.apply(x, [0, 1, 2, 3, 4], 0, "up", public=[False, False, False, True, False])
+    y = d.apply(x, [0, 1, 2, 3, 4], 0, "up", public=[True, False, False, True, False])
     norms = y.norm(dim=-1)
-    assert norms[0] == pytest.approx(50.0, rel=1e-4) and norms[1] == pytest.approx(2.0, rel=1e-4)
-    assert norms[2] == pytest.approx(1.0, rel=1e-4) and norms[4] == pytest.approx(1.0, rel=1e-4)
-    assert torch.equal(y[3], x[3])  # public: neither clipped nor noised
+    assert torch.equal(y[0], x[0])  # the public opening: neither clipped nor noised
+    assert norms[1] == pytest.approx(2.0, rel=1e-4) and norms[2] == pytest.approx(1.0, rel=1e-4)
+    # a public token after user text has attended to it: clipped like the rest
+    assert norms[3] == pytest.approx(1.0, rel=1e-4) and norms[4] == pytest.approx(1.0, rel=1e-4)
     assert torch.equal(d.apply(x, [0, 1, 2, 3, 4], 0, "down"), x)  # replies pass
 
 
@@ -63,12 +64,15 @@ def test_missing_or_mismatched_profile_is_one_line_error():
 
 
 def test_pipeline_passes_public_mask_to_noise_and_pclip():
-    """noise and pclip leave public positions alone when the caller marks them (before: noise clipped the BOS)."""
+    """noise and pclip leave the public opening alone when the caller marks it (before: noise clipped the BOS),
+    and defend a public token that follows user text (before: released untouched, its state having attended
+    to the user's tokens)."""
     key = save_clips(torch.tensor([1.0, 1.0]), 50.0, {"test": 4})
-    x = torch.randn(4, 32) * 10
+    x = torch.randn(5, 32) * 10
     for spec in ("noise(sigma=0.1,clip=1.0)", f"pclip(sigma=0.1,percentile=50.0,profile={key})"):
         pipe = DefensePipeline.parse(spec)
-        y = pipe.simulate_up(x.half(), [5, 6, 7, 8], 0, public=[True, False, True, False])
-        assert torch.equal(y[0], x[0].half().float()) and torch.equal(y[2], x[2].half().float())
-        assert float(y[1].norm()) < 3.0 and not torch.equal(y[1], x[1].half().float())
+        y = pipe.simulate_up(x.half(), [5, 6, 7, 8, 9], 0, public=[True, True, False, True, False])
+        assert torch.equal(y[:2], x[:2].half().float())
+        for k in (2, 3, 4):
+            assert float(y[k].norm()) < 3.0 and not torch.equal(y[k], x[k].half().float())
         assert pipe.label.startswith(spec.split("(")[0])
