@@ -45,7 +45,8 @@ def wire_dtype_of(taps: Taps) -> torch.dtype:
 
 def defend_taps(taps: Taps, pipeline: DefensePipeline, session0: int = 0) -> Taps:
     """(N, d) states -> (N, d) float32 states as the cloud's body receives them under ``pipeline``'s wire part
-    (public positions passed to the defenses that release them untouched)."""
+    (each sequence's public mask passed to the defenses that release its leading run, the public opening,
+    untouched, as the runtime does)."""
     if not pipeline.transforms and pipeline.codec is None:
         return taps
     out = np.empty(taps.hidden.shape, dtype=np.float32)

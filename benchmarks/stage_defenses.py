@@ -44,9 +44,9 @@ component that fails (wrong shapes or non-finite states, or any error of a plugi
 listed in ``failed_components``: a failed attacker drops from its rows, a failed defense loses its row; the rest
 of the grid runs.
 
-Under ``bench run --shard I/N`` (:mod:`benchmarks.shard`) the stage runs the
-(depth, spec) configurations numbered ``j % N == I`` in the grid's order (rows
-carry ``job = j``); ``random-split`` rows and the overhead timings run in shard 0.
+Under ``bench run --shard I/N`` (:mod:`benchmarks.shard`) the stage runs the (depth, spec) configurations
+numbered ``j % N == I`` in the grid's order (rows carry ``job = j``) and extracts taps at their depths only;
+``random-split`` rows and the overhead timings run in shard 0.
 """
 
 from __future__ import annotations
@@ -275,24 +275,25 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
     seed, n_boot = int(results["config"]["seed"]), int(cfg.get("n_boot", 1000))
     shard = Shard.of(results)
     t0 = time.perf_counter()
-    grid, data = grid_data(loaded, cfg, depths + extra, seed, sset)
-    heads = {a: Boundary("head", a) for a in depths + extra}
+    jobs = [(a, s) for s in specs for a in depths]  # spec-major: a time budget drops whole specs, not a depth
+    # taps at the depths this shard uses only: its jobs' and, in shard 0, the random-split rows' (same taps)
+    mine = {a for j, (a, _) in enumerate(jobs) if shard.mine(j)} | set(extra + depths if shard.first else [])
+    tap_depths = [a for a in depths + extra if a in mine] or depths[:1]
+    grid, data = grid_data(loaded, cfg, tap_depths, seed, sset)
+    heads = {a: Boundary("head", a) for a in tap_depths}
     train, clean_test = ({a: part[b] for a, b in heads.items()} for part in (data.train, data.test))
     splits = [random_split_row(loaded, s, train, clean_test, seed, options.get("linear-probe"))
               for s in split_specs] if shard.first else []
     for r in splits:
         add_metric(results, f"defenses/{r['defense']}", "depth_id_sequence_acc",
                    metric(r["sequence_acc"], n=r["sequences"], higher_is_better=False, kind="accuracy"))
-        for key in ("end_to_end_top1", "known_depth_top1"):
-            m = r[key]
+        for key, m in ((k, r[k]) for k in ("end_to_end_top1", "known_depth_top1")):
             add_metric(results, f"defenses/{r['defense']}", key,
                        metric(m["value"], m["ci_low"], m["ci_high"], m["n"], False, kind="accuracy"))
     texts = {"sequences": chat_form_sequences(loaded, corpora, int(cfg.get("utility_positions", 2000)),
                                               int(cfg.get("max_length", 128)), seed),
              "prompts": held_out_prompts(loaded, corpora, int(cfg.get("greedy_prompts", 10)), seed)}
-    cache: dict = {}
-    out_rows, overhead, preds = [], [], {}
-    jobs = [(a, s) for s in specs for a in depths]  # spec-major: a time budget drops whole specs, not a depth
+    cache, out_rows, overhead, preds = {}, [], [], {}
     budget = float(cfg.get("time_budget_s", float("inf")))
     ks = [int(k) for k in cfg.get("paired_k", [])]
     adapters = tempfile.TemporaryDirectory(prefix="splitinfer-adapters-")  # private adapters are secrets: removed

@@ -25,12 +25,15 @@ session out of the key, so a resent token path gets its old draws again (``repor
 that cannot hide anything from the cloud, which computed them, only from
 whoever sees the wire or its logs, and it costs utility.
 
-Public positions (an added BOS, chat-template tokens: the cloud knows their
-tokens without seeing user text) are released untouched, neither clipped nor
-noised, when the caller passes their mask (``public``; issue 29 item 3): the
-clip's utility cost came mostly from clipping position 0's attention-sink
-state (``reports/clip_ablation``), and noising a token the cloud knows hides
-nothing.
+The public opening (an added BOS, the chat template's first tokens: the
+cloud knows them without seeing user text, and by causal attention their
+states depend on nothing else) is released untouched, neither clipped nor
+noised, when the caller passes the public mask (``public``; the runtime and
+the attack harness both do): the clip's utility cost came mostly from
+clipping position 0's attention-sink state (``reports/clip_ablation``), and
+noising a state the cloud can compute itself hides nothing. A public token
+after user text (the marker closing a turn) has attended to that text, so
+it is clipped and noised like any other (:func:`keep_public`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``pclip``: a clip calibrated per position on public text, Gaussian noise scaled to it, public positions untouched.
+"""``pclip``: a clip calibrated per position on public text, Gaussian noise scaled to it, the public opening untouched.
 
 The Gaussian mechanism of :mod:`splitinfer.defenses.noise` (Dwork and Roth
 2014, sec. 3.5) with two changes the defense-evaluation review asked for
@@ -10,8 +10,10 @@ The Gaussian mechanism of :mod:`splitinfer.defenses.noise` (Dwork and Roth
   Position 0 carries the attention sink (Xiao et al., ICLR 2024; Sun et al.,
   "Massive Activations in Large Language Models", COLM 2024) with a norm many
   times the others', and a shared median clip crushes it;
-- public positions (an added BOS, chat-template tokens; the caller's
-  ``public`` mask, see ``splitinfer.tokens``) are released untouched.
+- the public opening (an added BOS, the chat template's first tokens: the
+  leading run of the caller's ``public`` mask, see ``splitinfer.tokens``) is
+  released untouched; a public token after user text has attended to it and
+  is clipped and noised like any other.
 
 A state at position p is clipped to ``||h|| <= C_p`` and released as
 ``h + N(0, (sigma C_p)^2 I)``: per released vector a Gaussian mechanism with

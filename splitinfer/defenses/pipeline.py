@@ -107,7 +107,8 @@ class DefensePipeline:
         """Client: (1, T, d) head states -> (1, T, d) released values (noise keyed by ``content`` digests).
 
         ``public`` (T,) marks the positions the cloud knows without user text (an added BOS, chat-template
-        tokens: ``splitinfer.tokens``' mask); defenses that declare ``uses_public`` release them untouched.
+        tokens: ``splitinfer.tokens``' mask); defenses that declare ``uses_public`` release the leading run of
+        them (the public opening, before any user token) untouched.
         A local denoiser (``denoise``) gets the perturbation released - head states at :meth:`restore_down`.
         """
         if not self.transforms:

@@ -8,7 +8,7 @@ larger than isotropic noise's. Here the sensitivity is the diagonal of the
 Fisher information of the model's next-token distribution with respect to the
 state at the split, F_i = E[(d log p(y) / d h_i)^2], estimated on public text
 with y drawn from the model itself (:func:`fisher_scale`). A state at position
-p is clipped to C_p (``pclip``'s calibrated clips; public positions
+p is clipped to C_p (``pclip``'s calibrated clips; the public opening
 untouched) and released as ``h + sigma C_p (w * z)``, z ~ N(0, I), with
 ``w_i ~ (F_i + eps)^(-power)`` (power 1/2: covariance proportional to F^-1)
 normalised so that mean(w^2) = 1: the same expected noise norm as ``pclip``

@@ -328,3 +328,21 @@ def test_attackers_run_only_where_they_apply(cfg: dict) -> None:
     noise = next(r for r in out["rows"] if r["defense"].startswith("noise"))
     assert all(x["threat_model"] == "white-box (exact), adaptive" for x in noise["attackers"])
     assert [x.get("fitted_on_sessions") for x in noise["attackers"]] == [None, None, 4]  # fitted on 4-session means
+
+
+def test_a_shard_extracts_taps_at_its_own_jobs_depths_only(cfg: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shard's jobs at head 2 run the public model to depth 2, not to the deepest depth of the grid or of the
+    random-split rows (shard 0's); shard 0 extracts them all (before: every shard did)."""
+    import benchmarks.stage_defenses as stage
+
+    asked = []
+    real = stage.grid_data
+    monkeypatch.setattr(stage, "grid_data",
+                        lambda loaded, c, depths, *a: asked.append(depths) or real(loaded, c, depths, *a))
+    small = {**cfg, "head_depths": [1, 2], "defenses": ["none", "quant(format=int8)", "random-split(depths=1,4)"],
+             "overhead": []}
+    for index in (3, 0):  # 4 jobs (2 specs x 2 depths), 4 shards: shard 3 runs int8 at depth 2
+        out = stage_defenses(load_model("tiny-random"), small,
+                             {"config": {"seed": 0}, "results": {}, "shard": {"index": index, "count": 4}})
+        assert [(r["job"], r["depth"]) for r in out["rows"]] == [(index, 2 if index % 2 else 1)]
+    assert asked == [[2], [1, 2, 4]]
