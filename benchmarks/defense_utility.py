@@ -24,6 +24,7 @@ clip's cost), which a deployed chat prompt never has. Here:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -39,13 +40,13 @@ from splitinfer.corpora.chat import format_chat_spans
 from splitinfer.errors import SplitInferError
 from splitinfer.tokens import encode_text
 
-__all__ = ["chat_form_sequences", "held_out_prompts", "teacher_forced", "greedy", "cost", "cell_utility",
-           "defended_utility", "utility_sequences"]
+__all__ = ["chat_form_sequences", "iter_chat_form", "held_out_prompts", "teacher_forced", "greedy", "cost",
+           "cell_utility", "defended_utility", "utility_sequences"]
 
 
-def _documents(loaded: Any, corpora: list[str], seed: int) -> list[tuple[str, dict]]:
-    """(corpus, document) of every corpus's test split, interleaved across corpora (one of each in turn)."""
-    per = [[(c, d) for d in load_corpus(c, "test", seed, None, loaded.tokenizer)] for c in corpora]
+def _documents(loaded: Any, corpora: list[str], seed: int, split: str = "test") -> list[tuple[str, dict]]:
+    """(corpus, document) of every corpus's ``split``, interleaved across corpora (one of each in turn)."""
+    per = [[(c, d) for d in load_corpus(c, split, seed, None, loaded.tokenizer)] for c in corpora]
     return [x for group in zip(*per) for x in group] + [x for p in per for x in p[min(map(len, per)):]]
 
 
@@ -60,14 +61,21 @@ def _as_chat(loaded: Any, doc: dict, max_chars: int) -> tuple[str, str]:
     return format_chat_spans([user], loaded.tokenizer)[0], user
 
 
+def iter_chat_form(loaded: Any, corpora: list[str], max_length: int, seed: int, split: str = "test"
+                   ) -> Iterator[list[int]]:
+    """Token ids of each document of ``split`` in chat form (as the runtime sends text), cut at ``max_length``,
+    across corpora in turn; held out (``"test"``), or ``"train"`` for what is fitted on public text."""
+    for _, doc in _documents(loaded, corpora, seed, split):
+        ids = encode_text(loaded.tokenizer, _as_chat(loaded, doc, 8 * max_length)[0]).ids[:max_length]
+        if len(ids) >= 2:
+            yield ids
+
+
 def chat_form_sequences(loaded: Any, corpora: list[str], positions: int, max_length: int, seed: int
                         ) -> list[list[int]]:
     """Token ids of held-out chat-form sequences holding at least ``positions`` next-token positions in all."""
     out, n = [], 0
-    for _, doc in _documents(loaded, corpora, seed):
-        ids = encode_text(loaded.tokenizer, _as_chat(loaded, doc, 8 * max_length)[0]).ids[:max_length]
-        if len(ids) < 2:
-            continue
+    for ids in iter_chat_form(loaded, corpora, max_length, seed):
         out.append(ids)
         n += len(ids) - 1
         if n >= positions:

@@ -79,7 +79,8 @@ def run(loaded, cfg: dict, specs: list[str], depths: list[int], repeats: list[in
     for a, spec in tqdm(jobs, desc="resend", unit="cell", disable=not progress):
         head = Boundary("head", a)
         train = data.train[head]
-        pipe = calibrate(loaded, spec_pipeline(spec, train), a, int(cfg.get("tail_layers", 2)), train, seed)
+        pipe = calibrate(loaded, spec_pipeline(spec, train), a, int(cfg.get("tail_layers", 2)), train, seed,
+                         corpora=list(cfg.get("corpora", ["prose"])), max_length=int(cfg.get("max_length", 128)))
         sigma, fresh = _sigma(pipe)
         clean = take(data.test[head], data.chosen[head])
         target = defend_taps(clean, pipe)  # session 0: the r = 1 release

@@ -271,7 +271,7 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
     attackers = list(cfg.get("attackers", ["vocab-match-adaptive", "linear-probe"]))
     attackers += [n for n in brought_attackers(specs) if n not in attackers]
     options = {k: dict(v) for k, v in cfg.get("options", {}).items()}
-    corpora = list(cfg.get("corpora", ["prose"]))
+    corpora, max_length = list(cfg.get("corpora", ["prose"])), int(cfg.get("max_length", 128))
     seed, n_boot = int(results["config"]["seed"]), int(cfg.get("n_boot", 1000))
     shard = Shard.of(results)
     t0 = time.perf_counter()
@@ -291,7 +291,7 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
             add_metric(results, f"defenses/{r['defense']}", key,
                        metric(m["value"], m["ci_low"], m["ci_high"], m["n"], False, kind="accuracy"))
     texts = {"sequences": chat_form_sequences(loaded, corpora, int(cfg.get("utility_positions", 2000)),
-                                              int(cfg.get("max_length", 128)), seed),
+                                              max_length, seed),
              "prompts": held_out_prompts(loaded, corpora, int(cfg.get("greedy_prompts", 10)), seed)}
     cache, out_rows, overhead, preds = {}, [], [], {}
     budget = float(cfg.get("time_budget_s", float("inf")))
@@ -307,8 +307,8 @@ def stage_defenses(loaded, cfg: dict, results: dict) -> dict:
             continue
         try:
             tj = time.perf_counter()
-            # pclip, shaped-noise and denoise are calibrated on the training taps
-            pipe = calibrate(loaded, spec_pipeline(spec, train[a]), a, tail, train[a], seed)
+            # pclip, shaped-noise and denoise are calibrated on the training split
+            pipe = calibrate(loaded, spec_pipeline(spec, train[a]), a, tail, train[a], seed, corpora, max_length)
             test = clean_test[a]
             pipe = with_trained_adapter(loaded, pipe, a, corpora, seed, workdir)
             if pipe.model_items:  # a private head: the victim's states come from its own layers (same sequences)

@@ -16,7 +16,11 @@ the body (``mode=subtract`` stops there) and the MLP (one hidden layer, its
 output layer zero at the start) is trained to predict the rest of the
 undefended output, with the relative squared error per row as the loss, on
 public text with the public weights and noise draws of sessions the
-deployment never uses (:func:`train_denoiser`). Its weights and the scales
+deployment never uses (:func:`train_denoiser`). The rows of the public
+opening, released untouched at the start of a sequence, come back exact (no
+earlier row was perturbed), so the denoiser leaves them as they are and never
+trains on them (:func:`exact_rows`): a correction there moved the opening's
+attention-sink state for every later position. Its weights and the scales
 s_y, s_d live in a profile (:mod:`splitinfer.defenses.profiles`). The
 denoiser runs only on the local side (between the reply and the tail), so it
 changes nothing the cloud sees: recovery is that of the noise it is composed
@@ -33,21 +37,33 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm import tqdm
 
 from splitinfer.defenses.base import Defense, DefenseError, register_defense
 from splitinfer.defenses.keyed import path_digests
-from splitinfer.defenses.pipeline import DefensePipeline
 from splitinfer.defenses.profiles import load_profile, save_profile
 from splitinfer.defenses.rerun import boundary
 
-__all__ = ["Denoise", "train_denoiser", "denoiser_pairs"]
+if TYPE_CHECKING:  # the pipeline imports this module (exact_rows)
+    from splitinfer.defenses.pipeline import DefensePipeline
+
+__all__ = ["Denoise", "train_denoiser", "denoiser_pairs", "exact_rows"]
 
 log = logging.getLogger(__name__)
 MODES = ("subtract", "learned")
 TRAIN_SESSION0 = 1 << 22  # sessions whose draws the denoiser trains on (never a deployment's)
+
+
+def exact_rows(delta: torch.Tensor, first_position: int) -> int:
+    """How many leading rows of a step's (T, d) perturbation were released untouched with nothing perturbed
+    before them (a step starting the sequence at position 0): the body's output there is exact."""
+    if first_position != 0:
+        return 0
+    touched = (delta != 0).any(-1).tolist()  # (T,)
+    return touched.index(True) if True in touched else len(touched)
 
 
 def _mlp(t: dict[str, torch.Tensor], y0: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
@@ -77,8 +93,9 @@ class Denoise(Defense):
         """Nothing on the wire: the denoiser runs on the reply (:meth:`denoise`)."""
         return x
 
-    def denoise(self, back: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-        """(1, T, d) body output as received, (1, T, d) released - head states -> (1, T, d) denoised output."""
+    def denoise(self, back: torch.Tensor, delta: torch.Tensor, exact: int = 0) -> torch.Tensor:
+        """(1, T, d) body output as received, (1, T, d) released - head states -> (1, T, d) denoised output;
+        the first ``exact`` rows (:func:`exact_rows`) are returned as received."""
         y0 = back - delta
         if self.mode == "subtract":
             return y0
@@ -87,17 +104,20 @@ class Denoise(Defense):
         if t["w2"].shape[0] != back.shape[-1]:
             raise DefenseError(f"denoise: profile {self.profile} was trained at width {t['w2'].shape[0]}, the "
                                f"states have {back.shape[-1]}; train it on this model")
-        flat = y0.reshape(-1, y0.shape[-1])
-        return (flat + t["s_y"] * _mlp(t, flat, delta.reshape(flat.shape))).reshape(back.shape)
+        out = y0.clone()
+        rest = y0[0, exact:]  # (T - exact, d)
+        out[0, exact:] = rest + t["s_y"] * _mlp(t, rest, delta[0, exact:])
+        return out
 
 
 def denoiser_pairs(model: torch.nn.Module, depth: int, body_end: int, noise: DefensePipeline,
                    seqs: Sequence[Sequence[int]], session0: int = TRAIN_SESSION0,
                    public: Sequence[int] | None = None) -> dict[str, torch.Tensor]:
     """{y0, delta, clean}: (N, d) each, the body's output under ``noise`` minus the perturbation, the
-    perturbation, and the undefended body output, over every position of ``seqs`` (public weights).
-    ``public``: per sequence, how many leading positions the runtime releases untouched (its public opening,
-    ``splitinfer.tokens.public_prefix_length``); none if omitted."""
+    perturbation, and the undefended body output, over the positions of ``seqs`` the denoiser corrects
+    (public weights). ``public``: per sequence, how many leading positions the runtime releases untouched (its
+    public opening, ``splitinfer.tokens.public_prefix_length``; none if omitted): those rows come back exact,
+    the denoiser leaves them alone (:func:`exact_rows`), and they are not in the pairs."""
     out: dict[str, list] = {"y0": [], "delta": [], "clean": []}
     device = next(model.parameters()).device
     with torch.no_grad():
@@ -114,10 +134,11 @@ def denoiser_pairs(model: torch.nn.Module, depth: int, body_end: int, noise: Def
                 return rel.to(h.dtype)
 
             _, noisy = boundary(model, ids, {depth: edit}, reads=(body_end,))
-            delta = sent[0][0]
-            out["delta"].append(delta)
-            out["y0"].append(noisy[body_end][0].float() - delta)
-            out["clean"].append(clean[body_end][0].float())
+            delta = sent[0][0]  # (T, d)
+            skip = exact_rows(delta, 0)
+            out["delta"].append(delta[skip:])
+            out["y0"].append(noisy[body_end][0, skip:].float() - delta[skip:])
+            out["clean"].append(clean[body_end][0, skip:].float())
     return {k: torch.cat(v) for k, v in out.items()}
 
 

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from splitinfer.defenses.base import Defense, DefenseError, format_items, parse_items
+from splitinfer.defenses.denoise import exact_rows
 from splitinfer.defenses.keyed import path_digests
 from splitinfer.errors import ComponentError
 
@@ -55,6 +56,7 @@ class DefensePipeline:
             raise DefenseError(f"{self.label}: a denoiser removes the effect of noise the head adds; compose it "
                                "with one, e.g. noise(sigma=0.05)+denoise(profile=KEY)")
         self._perturbation: torch.Tensor | None = None
+        self._exact = 0  # leading rows of the last step released untouched at the sequence start
 
     @classmethod
     def parse(cls, spec: str | None = "none", options: Iterable[str] | dict = ()) -> DefensePipeline:
@@ -116,6 +118,7 @@ class DefensePipeline:
         out = self._transform(hidden, positions, session, "up", content, public)
         if self.denoisers:
             self._perturbation = out.float() - hidden.float()  # (1, T, d), local only
+            self._exact = exact_rows(self._perturbation[0], positions[0] if len(positions) else 0)
         return out
 
     def encode_up(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -153,7 +156,7 @@ class DefensePipeline:
             if self._perturbation is None or self._perturbation.shape != back.shape:
                 raise DefenseError("denoise: the reply does not match the last released states; the client must "
                                    "call transform_up before restore_down for every step")
-            back = d.denoise(back.float(), self._perturbation.to(back.device)).to(back.dtype)
+            back = d.denoise(back.float(), self._perturbation.to(back.device), self._exact).to(back.dtype)
         return back
 
     def down_dtype(self, sent: torch.dtype) -> torch.dtype:

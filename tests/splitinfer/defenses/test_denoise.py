@@ -5,8 +5,10 @@ import torch
 
 from splitinfer.client import SplitModel
 from splitinfer.defenses import DefenseError, DefensePipeline
-from splitinfer.defenses.denoise import denoiser_pairs, train_denoiser
+from splitinfer.defenses.denoise import denoiser_pairs, exact_rows, train_denoiser
+from splitinfer.defenses.keyed import path_digests
 from splitinfer.defenses.pclip import save_clips
+from splitinfer.defenses.profiles import save_profile
 from tests.devices import DEVICES, on_device
 
 
@@ -79,11 +81,44 @@ def test_the_denoiser_trains_and_runs_on_the_models_device(tiny, device):
     assert logits.device.type == device and bool(torch.isfinite(logits).all())
 
 
-def test_denoiser_pairs_leave_the_public_opening_unperturbed(tiny):
-    """The pairs see what the runtime releases: the public opening untouched (no perturbation to learn)."""
+def test_denoiser_pairs_leave_out_the_public_opening(tiny):
+    """The pairs see what the runtime releases (the public opening untouched) and hold only the rows the
+    denoiser corrects: the opening comes back exact, so it is not in them."""
     key = save_clips(torch.full((2,), 8.0), 50.0, {"test": "denoise-public"})
     noise = DefensePipeline.parse(f"pclip(sigma=0.1,percentile=50.0,profile={key})")
     seqs = _seqs(2, 5)
     pairs = denoiser_pairs(tiny.model, 2, 4, noise, seqs, public=[3, 0])
     delta = pairs["delta"]  # (N, d)
-    assert bool((delta[:3] == 0).all()) and bool((delta[3:].abs().sum(-1) > 0).all())
+    assert delta.shape[0] == 2 * 24 - 3 and bool((delta.abs().sum(-1) > 0).all())
+
+
+def test_exact_rows_counts_the_untouched_rows_at_the_sequence_start():
+    delta = torch.zeros(5, 4)
+    delta[2:, 0] = 1.0  # rows 2.. perturbed
+    assert exact_rows(delta, 0) == 2
+    assert exact_rows(delta, 7) == 0  # a later step: earlier rows were perturbed, nothing is exact
+    assert exact_rows(torch.zeros(3, 4), 0) == 3
+
+
+def _biased_denoiser(d):
+    """A learned denoiser whose correction is far from zero everywhere (its output bias)."""
+    t = {"w1": torch.zeros(4, 2 * d), "b1": torch.zeros(4), "w2": torch.zeros(d, 4), "b2": torch.ones(d),
+         "s_y": torch.ones(1), "s_d": torch.ones(1)}
+    return save_profile("denoise", t, {"test": "biased"})
+
+
+def test_the_denoiser_returns_the_untouched_opening_as_received():
+    """The public opening, released untouched at the sequence start, comes back exact: the denoiser must not
+    move it (a correction there moved the attention-sink state every later position reads)."""
+    clip = save_clips(torch.full((2,), 8.0), 50.0, {"test": "denoise-exact"})
+    pipe = DefensePipeline.parse(f"pclip(sigma=0.1,percentile=50.0,profile={clip})"
+                                 f"+denoise(profile={_biased_denoiser(16)})")
+    hidden = torch.randn(1, 5, 16) * 20
+    public = [True, True, False, False, False]
+    pipe.transform_up(hidden, range(5), 3, path_digests(0, [1, 2, 3, 4, 5]), public)
+    back = torch.randn(1, 5, 16)
+    out = pipe.restore_down(back.clone())
+    assert torch.equal(out[0, :2], back[0, :2])  # the opening as received
+    assert not torch.allclose(out[0, 2:], back[0, 2:])  # user text corrected
+    pipe.transform_up(hidden[:, :1], [5], 3, path_digests(5, [6]), [True])  # a later step: nothing exact
+    assert not torch.allclose(pipe.restore_down(back[:, :1].clone()), back[:, :1])
