@@ -37,33 +37,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from tqdm import tqdm
 
 from splitinfer.defenses.base import Defense, DefenseError, register_defense
 from splitinfer.defenses.keyed import path_digests
+from splitinfer.defenses.pipeline import DefensePipeline, exact_rows
 from splitinfer.defenses.profiles import load_profile, save_profile
 from splitinfer.defenses.rerun import boundary
 
-if TYPE_CHECKING:  # the pipeline imports this module (exact_rows)
-    from splitinfer.defenses.pipeline import DefensePipeline
-
-__all__ = ["Denoise", "train_denoiser", "denoiser_pairs", "exact_rows"]
+__all__ = ["Denoise", "train_denoiser", "denoiser_pairs"]
 
 log = logging.getLogger(__name__)
 MODES = ("subtract", "learned")
 TRAIN_SESSION0 = 1 << 22  # sessions whose draws the denoiser trains on (never a deployment's)
-
-
-def exact_rows(delta: torch.Tensor, first_position: int) -> int:
-    """How many leading rows of a step's (T, d) perturbation were released untouched with nothing perturbed
-    before them (a step starting the sequence at position 0): the body's output there is exact."""
-    if first_position != 0:
-        return 0
-    touched = (delta != 0).any(-1).tolist()  # (T,)
-    return touched.index(True) if True in touched else len(touched)
 
 
 def _mlp(t: dict[str, torch.Tensor], y0: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,6 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from splitinfer.defenses.base import Defense, DefenseError, format_items, parse_items
-from splitinfer.defenses.denoise import exact_rows
 from splitinfer.defenses.keyed import path_digests
 from splitinfer.errors import ComponentError
 
@@ -38,6 +37,15 @@ def check_released(defense: Defense, x: torch.Tensor, y: object) -> None:
                              "tensor shaped like its input")
     if not bool(torch.isfinite(y).all()):
         raise ComponentError(f"{who}: apply returned NaN or inf values; return finite states (clip or rescale them)")
+
+
+def exact_rows(delta: torch.Tensor, first_position: int) -> int:
+    """How many leading rows of a step's (T, d) perturbation were released untouched with nothing perturbed
+    before them (a step starting the sequence at position 0): the body's output there is exact."""
+    if first_position != 0:
+        return 0
+    touched = (delta != 0).any(-1).tolist()  # (T,)
+    return touched.index(True) if True in touched else len(touched)
 
 
 class DefensePipeline:

@@ -5,9 +5,10 @@ import torch
 
 from splitinfer.client import SplitModel
 from splitinfer.defenses import DefenseError, DefensePipeline
-from splitinfer.defenses.denoise import denoiser_pairs, exact_rows, train_denoiser
+from splitinfer.defenses.denoise import denoiser_pairs, train_denoiser
 from splitinfer.defenses.keyed import path_digests
 from splitinfer.defenses.pclip import save_clips
+from splitinfer.defenses.pipeline import exact_rows
 from splitinfer.defenses.profiles import save_profile
 from tests.devices import DEVICES, on_device
 
