@@ -12,7 +12,6 @@ from attacks.boundary import Boundary
 from benchmarks.defense_utility import chat_form_sequences
 from benchmarks.scored_set import ScoredSetConfig
 from benchmarks.stage_defenses import grid_data, spec_pipeline
-from splitinfer.models import load_model
 from splitinfer.tokens import public_opening, public_prefix_length
 
 
@@ -27,10 +26,10 @@ def cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
             "scored_set": {"user_tokens": 8, "docs_per_corpus": 8, "min_tokens": 0, "min_documents": 0}}
 
 
-def test_the_denoiser_trains_on_chat_form_training_text(cfg: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_denoiser_trains_on_chat_form_training_text(tiny, cfg: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its pairs come from training-split documents in chat form (the runtime's public opening first), never
     from the held-out utility sequences; the plain-text taps it used before left it costing agreement."""
-    loaded = load_model("tiny-random")
+    loaded = tiny
     _, data = grid_data(loaded, cfg, [2], 0, ScoredSetConfig.from_suite(cfg))
     train = data.train[Boundary("head", 2)]
     seen: list = []
