@@ -12,6 +12,7 @@ from attacks.boundary import Boundary
 from benchmarks.attacks_depth import StudyConfig, run_study, write_outputs
 from benchmarks.attacks_depth_report import markdown
 from benchmarks.schema import validate
+from tests.notes_corpus import write_notes
 
 TINY = {"linear-probe": {"epochs": 2, "batch_size": 32}, "mlp": {"epochs": 1, "width": 32, "batch_size": 32},
         "mlp-seed": {"seed_epochs": 2, "width": 32}, "seq-decoder": {"epochs": 1, "d_model": 32, "layers": 1,
@@ -66,8 +67,7 @@ def test_study_resumes_finished_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
     monkeypatch.setenv("SPLITINFER_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "docs.jsonl"
-    path.write_text("\n".join(json.dumps({"doc_id": f"d{i}", "text": f"Note {i}: the fox jumps {i * 31} times."})
-                              for i in range(30)), encoding="utf-8")
+    write_notes(path, 30)
     cfg = StudyConfig(model="tiny-random", head_depths=(1,), tail_layers=(), corpora=(f"file:{path}",),
                       train_tokens=600, val_tokens=100, test_tokens=200, max_length=32,
                       attacks=("linear-probe", "linear-embed"), hparams=TINY, train_seeds=(0,), n_boot=20)
@@ -90,8 +90,7 @@ def test_study_resumes_finished_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyP
 def test_vocab_match_only_at_chosen_depths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPLITINFER_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "docs.jsonl"
-    path.write_text("\n".join(json.dumps({"doc_id": f"d{i}", "text": f"Note {i}: the fox jumps {i * 31} times."})
-                              for i in range(30)), encoding="utf-8")
+    write_notes(path, 30)
     cfg = StudyConfig(model="tiny-random", head_depths=(1, 2), tail_layers=(), corpora=(f"file:{path}",),
                       train_tokens=600, val_tokens=100, test_tokens=200, max_length=32, vocab_match_tokens=16,
                       vocab_match_depths=(2,), attacks=("linear-embed", "vocab-match"), hparams=TINY, train_seeds=(0,), n_boot=20)
@@ -112,8 +111,7 @@ def test_vocab_match_tries_the_linear_probe_first(tmp_path: Path, monkeypatch: p
 
     monkeypatch.setenv("SPLITINFER_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "docs.jsonl"
-    path.write_text("\n".join(json.dumps({"doc_id": f"d{i}", "text": f"Note {i}: the fox jumps {i * 31} times."})
-                              for i in range(30)), encoding="utf-8")
+    write_notes(path, 30)
     cfg = StudyConfig(model="tiny-random", head_depths=(1,), tail_layers=(), corpora=(f"file:{path}",),
                       train_tokens=600, val_tokens=100, test_tokens=200, max_length=32, vocab_match_tokens=16,
                       attacks=("vocab-match",), hparams=TINY, train_seeds=(0,), n_boot=20)

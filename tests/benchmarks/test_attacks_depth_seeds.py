@@ -11,16 +11,14 @@ import pytest
 from attacks.predictions import predictions_path, rescore_dir
 from benchmarks.attacks_depth import StudyConfig, run_study, to_results, write_outputs
 from benchmarks.attacks_depth_report import markdown
+from tests.notes_corpus import write_notes
 
 TINY = {"linear-probe": {"epochs": 2, "batch_size": 32},
         "vocab-match": {"random_tokens": 256}}
 
 
 def _notes(tmp_path: Path, n: int = 30) -> Path:
-    path = tmp_path / "docs.jsonl"
-    path.write_text("\n".join(json.dumps({"doc_id": f"d{i}", "text": f"Note {i}: the fox jumps {i * 31} times."})
-                              for i in range(n)), encoding="utf-8")
-    return path
+    return write_notes(tmp_path / "docs.jsonl", n)
 
 
 def test_learned_attackers_are_fitted_once_per_training_seed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,7 +3,6 @@ and lora-adv scored by fresh attackers on its fixed outputs, never by the advers
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ import splitinfer.defenses.lora_adv as lora_adv
 from benchmarks.stage_defenses import stage_defenses
 from splitinfer.defenses import DefenseError
 from splitinfer.models import load_model
+from tests.notes_corpus import write_notes
 
 
 @pytest.fixture()
@@ -19,8 +19,7 @@ def cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
     monkeypatch.setenv("SPLITINFER_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("SPLITINFER_PROFILES", str(tmp_path / "profiles"))
     path = tmp_path / "docs.jsonl"
-    path.write_text("\n".join(json.dumps({"doc_id": f"d{i}", "text": f"Note {i}: the fox jumps {i * 31} times."})
-                              for i in range(40)), encoding="utf-8")
+    write_notes(path, 40)
     return {"head_depths": [2], "tail_layers": 1, "corpora": [f"file:{path}"], "train_tokens": 600,
             "test_tokens": 160, "max_length": 32, "utility_positions": 60, "greedy_prompts": 2, "tokens": 4,
             "scored_set": {"user_tokens": 8, "docs_per_corpus": 8, "min_tokens": 0, "min_documents": 0},

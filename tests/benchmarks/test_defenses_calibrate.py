@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from benchmarks.defense_utility import chat_form_sequences
 from benchmarks.scored_set import ScoredSetConfig
 from benchmarks.stage_defenses import grid_data, spec_pipeline
 from splitinfer.tokens import public_opening, public_prefix_length
+from tests.notes_corpus import write_notes
 
 
 @pytest.fixture()
@@ -20,8 +20,7 @@ def cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
     monkeypatch.setenv("SPLITINFER_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("SPLITINFER_PROFILES", str(tmp_path / "profiles"))
     path = tmp_path / "docs.jsonl"
-    path.write_text("\n".join(json.dumps({"doc_id": f"d{i}", "text": f"Note {i}: the fox jumps {i * 31} times."})
-                              for i in range(60)), encoding="utf-8")
+    write_notes(path, 60)
     return {"corpora": [f"file:{path}"], "train_tokens": 600, "test_tokens": 160, "max_length": 32,
             "scored_set": {"user_tokens": 8, "docs_per_corpus": 8, "min_tokens": 0, "min_documents": 0}}
 

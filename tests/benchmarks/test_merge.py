@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from benchmarks.shard import Shard
 from benchmarks.stages import STAGES
 from benchmarks.suite import load_suite
 from splitinfer.errors import SplitInferError
+from tests.notes_corpus import write_notes
 
 SUITE = """name = "mini-shards"
 model = "tiny-random"
@@ -59,8 +59,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     mp = pytest.MonkeyPatch()
     mp.setenv("SPLITINFER_CACHE", str(tmp / "cache"))
     corpus = tmp / "docs.jsonl"
-    corpus.write_text("\n".join(json.dumps({"doc_id": f"d{i}", "text": f"Note {i}: the fox jumps {i * 31} times."})
-                                for i in range(40)), encoding="utf-8")
+    write_notes(corpus, 40)
     (tmp / "mini.toml").write_text(SUITE.replace("CORPUS", str(corpus)))
     suite = load_suite(str(tmp / "mini.toml"))
     out = {"whole": run_suite(suite, tmp / "whole")}

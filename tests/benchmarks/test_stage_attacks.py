@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from benchmarks.stage_attacks import stage_attacks
 from splitinfer.models import load_model
+from tests.notes_corpus import write_notes
 
 
 def test_vocab_match_in_the_suite_recovers_every_scored_token(tmp_path: Path,
@@ -18,8 +18,7 @@ def test_vocab_match_in_the_suite_recovers_every_scored_token(tmp_path: Path,
     # scans. It must be scored on prefixes of whole sequences.
     monkeypatch.setenv("SPLITINFER_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "docs.jsonl"
-    path.write_text("\n".join(json.dumps({"doc_id": f"d{i}", "text": f"Note {i}: the fox jumps {i * 31} times."})
-                              for i in range(40)), encoding="utf-8")
+    write_notes(path, 40)
     cfg = {"head_depths": [2], "attacks": ["linear-probe", "vocab-match"], "corpora": [f"file:{path}"],
            "train_tokens": 600, "test_tokens": 200, "max_length": 32,
            "options": {"linear-probe": {"epochs": 1, "batch_size": 32},
@@ -41,8 +40,7 @@ def test_no_shadow_result_without_a_privately_changed_victim(tmp_path: Path, mon
 
     monkeypatch.setenv("SPLITINFER_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "docs.jsonl"
-    path.write_text("\n".join(json.dumps({"doc_id": f"d{i}", "text": f"Note {i}: the fox jumps {i * 31} times."})
-                              for i in range(40)), encoding="utf-8")
+    write_notes(path, 40)
     cfg = {"head_depths": [2], "tail_depths": [2], "attacks": ["linear-probe", "output-probe", "tail-logits"],
            "corpora": [f"file:{path}"], "train_tokens": 600, "test_tokens": 200, "max_length": 32, "wire_tokens": 16,
            "options": {"linear-probe": {"epochs": 1, "batch_size": 32}, "output-probe": {"epochs": 1}}}

@@ -9,6 +9,7 @@ import pytest
 
 from benchmarks.stage_attacks import stage_attacks
 from splitinfer.models import load_model
+from tests.notes_corpus import write_notes
 
 
 def test_long_documents_are_capped_so_every_corpus_has_ten_test_documents(tmp_path: Path,
@@ -38,8 +39,7 @@ def test_the_attack_stage_is_rescored_from_its_predictions(tmp_path: Path, monke
 
     monkeypatch.setenv("SPLITINFER_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "notes.jsonl"
-    path.write_text("\n".join(json.dumps({"doc_id": f"d{i}", "text": f"Note {i}: the fox jumps {i * 31} times."})
-                              for i in range(40)), encoding="utf-8")
+    write_notes(path, 40)
     cfg = {"head_depths": [2], "attacks": ["linear-probe"], "corpora": [f"file:{path}"], "train_tokens": 600,
            "test_tokens": 200, "max_length": 32, "options": {"linear-probe": {"epochs": 1, "batch_size": 32}}}
     results = {"config": {"seed": 0}, "results": {}}

@@ -10,14 +10,14 @@ import pytest
 
 from benchmarks.stage_defenses import defenses_section, stage_defenses
 from splitinfer.models import load_model
+from tests.notes_corpus import write_notes
 
 
 @pytest.fixture()
 def cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
     monkeypatch.setenv("SPLITINFER_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "docs.jsonl"
-    path.write_text("\n".join(json.dumps({"doc_id": f"d{i}", "text": f"Note {i}: the fox jumps {i * 31} times."})
-                              for i in range(120)), encoding="utf-8")
+    write_notes(path, 120)
     return {"head_depths": [2], "tail_layers": 1, "corpora": [f"file:{path}"], "train_tokens": 600,
             "test_tokens": 320, "max_length": 32, "utility_positions": 60, "greedy_prompts": 3, "tokens": 6,
             "scored_set": {"user_tokens": 8, "docs_per_corpus": 8, "min_tokens": 48, "min_documents": 6},

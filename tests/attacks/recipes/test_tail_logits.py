@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -12,14 +11,14 @@ import torch
 from attacks.errors import AttackError
 from attacks.registry import get_attack_class, load_attack, make_attack
 from attacks.taps import extract_depths
+from tests.notes_corpus import write_notes
 
 
 @pytest.fixture
 def corpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("SPLITINFER_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "docs.jsonl"
-    path.write_text("\n".join(json.dumps({"doc_id": f"d{i}", "text": f"Note {i}: the fox jumps {i * 31} times."})
-                              for i in range(6)), encoding="utf-8")
+    write_notes(path, 6)
     return f"file:{path}"
 
 
