@@ -19,11 +19,14 @@ clip's cost), which a deployed chat prompt never has. Here:
   the first divergence), token F1 of the two answers (bag of tokens,
   :func:`attacks.metrics.core.token_f1`) and the perplexity of the defended
   answer under the undefended model; intervals over prompts.
+- :func:`denoiser_gains`: what a local denoiser wins back, the agreement of
+  ``X+denoise`` minus that of ``X`` on the same sequences (paired over sequences).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,7 +34,7 @@ import numpy as np
 import torch
 
 from attacks.metrics.core import token_f1
-from attacks.metrics.intervals import bootstrap_ci, interval
+from attacks.metrics.intervals import bootstrap_ci, interval, paired_bootstrap_diff
 from benchmarks.defenses_speed import speed_columns
 from benchmarks.prompts import PROMPTS
 from splitinfer.client import SplitModel
@@ -41,7 +44,7 @@ from splitinfer.errors import SplitInferError
 from splitinfer.tokens import encode_text
 
 __all__ = ["chat_form_sequences", "iter_chat_form", "held_out_prompts", "teacher_forced", "greedy", "cost",
-           "cell_utility", "defended_utility", "utility_sequences"]
+           "cell_utility", "defended_utility", "denoiser_gains", "utility_sequences"]
 
 
 def _documents(loaded: Any, corpora: list[str], seed: int, split: str = "test") -> list[tuple[str, dict]]:
@@ -120,7 +123,8 @@ def clean_logits(loaded: Any, seqs: list[list[int]], cache: dict) -> list[torch.
 @torch.no_grad()
 def teacher_forced(loaded: Any, sm: SplitModel, seqs: list[list[int]], cache: dict, n_boot: int = 1000,
                    seed: int = 0) -> dict[str, Any]:
-    """Next-token agreement and perplexity of ``sm`` (the defended split) on ``seqs``, intervals over sequences."""
+    """Next-token agreement and perplexity of ``sm`` (the defended split) on ``seqs``, intervals over sequences;
+    ``by_sequence`` keeps each sequence's agreed and scored positions for paired differences between defenses."""
     clean = clean_logits(loaded, seqs, cache)
     agree, nll_d, nll_c, count = (np.zeros(len(seqs)) for _ in range(4))
     for i, seq in enumerate(seqs):
@@ -134,7 +138,8 @@ def teacher_forced(loaded: Any, sm: SplitModel, seqs: list[list[int]], cache: di
     return {"next_token_agreement": _entry(value, lo, hi, int(count.sum())),
             "perplexity": _perplexity(nll_d, count, n_boot, seed),
             "perplexity_undefended": _perplexity(nll_c, count, n_boot, seed),
-            "positions": int(count.sum()), "sequences": len(seqs)}
+            "positions": int(count.sum()), "sequences": len(seqs),
+            "by_sequence": {"agreed": agree.astype(int).tolist(), "positions": count.astype(int).tolist()}}
 
 
 @torch.no_grad()
@@ -199,11 +204,33 @@ def cell_utility(loaded: Any, depth: int, tail: int, pipe: Any, cfg: dict, texts
     gr = greedy(loaded, sm, ref, texts["prompts"], int(cfg.get("tokens", 24)), cache, key=depth, seed=seed)
     flat = {k: tf[k]["value"] for k in ("next_token_agreement", "perplexity", "perplexity_undefended")}
     return {**flat, "greedy_identity": gr["greedy_identity"]["value"], "positions": tf["positions"],
-            "utility_sequences": tf["sequences"], "greedy_prompts": gr["greedy_prompts"],
+            "utility_sequences": tf["sequences"], "utility_by_sequence": tf["by_sequence"],
+            "greedy_prompts": gr["greedy_prompts"],
             "bytes_per_step": gr["bytes_per_step"], "intervals": {
                 **{k: tf[k] for k in ("next_token_agreement", "perplexity", "perplexity_undefended")},
                 **{k: gr[k] for k in ("greedy_identity", "answer_token_f1", "answer_perplexity")}},
             **cost(loaded, sm, cfg)}
+
+
+def denoiser_gains(rows: list[dict[str, Any]], n_boot: int = 1000, seed: int = 0) -> list[dict[str, Any]]:
+    """Per row ``X+denoise(...)`` whose base ``X`` was measured at the same head depth on the same utility
+    sequences: the denoiser's next-token agreement minus the base's, a paired bootstrap over sequences
+    (the utility Split-and-Denoise, arXiv 2310.09130, wins back). Rows without per-sequence counts (written
+    before they were kept) or measured on other sequences give nothing, never an unpaired difference."""
+    by = {(r["depth"], r["defense"]): r for r in rows}
+    out = []
+    for r in rows:
+        base = by.get((r["depth"], re.sub(r"\+denoise\([^)]*\)", "", r["defense"])))
+        if base is None or base is r:
+            continue
+        a, b = r.get("utility_by_sequence"), base.get("utility_by_sequence")
+        if not a or not b or a["positions"] != b["positions"]:
+            continue
+        diff, lo, hi = paired_bootstrap_diff(a["agreed"], a["positions"], b["agreed"], b["positions"],
+                                             n_boot=n_boot, seed=seed)
+        out.append({"depth": r["depth"], "defense": r["defense"], "base": base["defense"], "value": diff,
+                    "ci_low": lo, "ci_high": hi, "sequences": len(a["positions"])})
+    return out
 
 
 def utility_sequences(held: Any, n: int) -> list[list[int]]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks.attack_tables import cell, diff_cell
+from benchmarks.defense_utility import denoiser_gains
 from benchmarks.defenses_speed import measured_tok_s
 
 __all__ = ["recovery_table", "attackers_table", "utility_table"]
@@ -71,6 +72,7 @@ def _iv(r: dict[str, Any], key: str, pct: bool = True) -> str:
 
 
 def utility_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The utility and cost table, then what each local denoiser wins back over its base row (paired)."""
     out = ["| depth | defense | next-token agreement % [CI] | perplexity [CI] (undefended) | positions / sequences | "
            "greedy identity % [CI] | answer token F1 % [CI] | answer perplexity [CI] | prompts | bytes/step | "
            "tau combined | tok/s @80 ms |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -81,6 +83,12 @@ def utility_table(rows: list[dict[str, Any]]) -> list[str]:
                    f"{_iv(r, 'answer_token_f1')} | {_iv(r, 'answer_perplexity', False)} | "
                    f"{r.get('greedy_prompts', '-')} | {r['bytes_per_step']:.0f} | {r['tau_combined']:.2f} | "
                    f"{_tok_s(r)} |")
+    gains = denoiser_gains(rows)
+    if gains:
+        out += ["", "What the local denoiser wins back (next-token agreement of the row minus its base row's, "
+                    "points, paired bootstrap over the same utility sequences; * marks an interval that excludes 0):"]
+        out += [f"- head {g['depth']}, `{g['defense']}` against `{g['base']}`: {diff_cell(g)} "
+                f"({g['sequences']} sequences)" for g in gains]
     return out
 
 

@@ -1,4 +1,4 @@
-"""benchmarks.defenses_tables: the utility table's speed column."""
+"""benchmarks.defenses_tables: the utility table's speed column and the denoiser's paired gain."""
 
 from benchmarks.defenses_tables import utility_table
 
@@ -16,3 +16,14 @@ def test_no_decode_step_is_shown_as_not_available_never_zero() -> None:
         line = utility_table([_row(stored)])[-1]
         assert line.endswith("| n/a (no decode step) |") and "0.00 |" not in line
     assert utility_table([_row(8.4)])[-1].endswith("| 1.00 | 8.40 |")
+
+
+def test_the_utility_table_states_the_denoisers_paired_gain_under_it() -> None:
+    base, den = _row(8.4), _row(8.4)
+    den["defense"] = base["defense"] + "+denoise(mode=learned,profile=cd)"
+    base["utility_by_sequence"] = {"agreed": [3, 4, 2, 5], "positions": [10] * 4}
+    den["utility_by_sequence"] = {"agreed": [5, 6, 4, 7], "positions": [10] * 4}
+    lines = utility_table([base, den])
+    assert lines[-1] == (f"- head 2, `{den['defense']}` against `{base['defense']}`: +20.0 [+20.0, +20.0] * "
+                         "(4 sequences)")
+    assert not any("wins back" in line for line in utility_table([_row(8.4)]))
