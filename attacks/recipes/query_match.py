@@ -16,8 +16,9 @@ it can undo it. Observed queries are rounded to the victim's wire dtype, as they
 
 The search is :class:`AdaptiveVocabMatch`'s exact matching (undefended: left to right, the whole vocabulary
 reachable, accepted at the match) in the query space: every candidate's head state goes through the same public
-map and is compared with the observed query, and the ridge proposer that orders the candidates is fitted on the
-queries of the attacker's own training text and of random token sequences. The query map reads the whole state
+map (:meth:`observed_view`, through which the gradient-guided search descends too) and is compared with the
+observed query, and the ridge proposer that orders the candidates is fitted on the queries of the attacker's own
+training text and of random token sequences. The query map reads the whole state
 where ``W_q`` has full column rank (the default model's first body layer at head depth 2 and 8: 576 x 576, rank
 576; Gemma 3 270M's: 1024 x 640, rank 640), so the query fixes the normalised state and exact matching applies.
 
@@ -50,8 +51,6 @@ class QueryMatch(AdaptiveVocabMatch):
     # no defenses-stage row: run on undefended states by benchmarks.match_search (token sharding is not a
     # runtime defense; see splitinfer.defenses.token_shard)
     applies_to = ("token-shard",)
-    # the gradient search descends on match_distance(state, observed) and would compare a state with a query
-    defaults = {**AdaptiveVocabMatch.defaults, "grad_steps": 0}
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
@@ -69,7 +68,6 @@ class QueryMatch(AdaptiveVocabMatch):
                               f"1 to {len(layers) - 1}")
         return layers[depth]
 
-    @torch.no_grad()
     def queries(self, hidden: torch.Tensor, depth: int) -> torch.Tensor:  # (N, d) -> (N, H * D_h)
         """The first body layer's query rows of head states ``hidden`` (before the rotary embedding)."""
         layer = self._layer(depth)
@@ -88,6 +86,7 @@ class QueryMatch(AdaptiveVocabMatch):
             q = norm(q.view(q.shape[0], -1, norm.weight.numel())).reshape(q.shape[0], -1)
         return q
 
+    @torch.no_grad()
     def _view(self, taps: Taps, wire: torch.dtype | None = None) -> Taps:
         """``taps`` with every state replaced by its query row (rounded to ``wire`` as it would be sent)."""
         depth = int(taps.meta.get("depth") or 0)
@@ -114,7 +113,9 @@ class QueryMatch(AdaptiveVocabMatch):
         self._depth = int(taps.meta.get("depth") or 0)
         return self._view(taps, getattr(self, "wire", None))
 
+    def observed_view(self, h: torch.Tensor) -> torch.Tensor:  # (B, d) -> (B, H * D_h)
+        return self.queries(h, self._depth).to(h.device, h.dtype)
+
     def distance(self, h: torch.Tensor, obs: torch.Tensor, t: int | None = None) -> torch.Tensor:
         """(B, d) candidate head states, (H * D_h,) observed query -> (B,) distance of the candidates' queries."""
-        q = self.queries(h, self._depth).to(obs.device, obs.dtype)  # (B, H * D_h)
-        return match_distance(q, obs)
+        return match_distance(self.observed_view(h), obs)

@@ -201,10 +201,16 @@ class VocabMatch(InversionAttack):
         self.proposer.fitted = True
 
     # ------------------------------------------------------------ inversion
+    def observed_view(self, h: torch.Tensor) -> torch.Tensor:
+        """(B, d) candidate states -> (B, d') what the attacker observes of a state: the state itself here;
+        ``query-match`` observes the first body layer's queries. Differentiable (the gradient search descends
+        through it)."""
+        return h
+
     def distance(self, h: torch.Tensor, obs: torch.Tensor, t: int | None = None) -> torch.Tensor:
         """(B, d) candidate states, (d,) observed at position ``t`` -> (B,) distances; adaptive subclasses model
         the defense (a clip calibrated per position needs ``t``)."""
-        return match_distance(h, obs)
+        return match_distance(self.observed_view(h), obs)
 
     def scan_cap(self, vocab: int) -> int | None:
         """The most candidates one position's scan may score, as this attack is configured; None when it may
@@ -265,7 +271,7 @@ class VocabMatch(InversionAttack):
         for step in range(1, int(hp["grad_steps"]) + 1):
             with torch.enable_grad():
                 h = ctx["stack"].run_layers(e[None, None, :], ctx["pos"], ctx["cache"], None)  # (1, 1, d)
-                loss = match_distance(h[:, 0].float(), ctx["obs"]).pow(2).sum()
+                loss = match_distance(self.observed_view(h[:, 0].float()), ctx["obs"]).pow(2).sum()
                 (grad,) = torch.autograd.grad(loss, [e])
             e.grad = grad
             opt.step()

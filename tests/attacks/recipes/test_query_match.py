@@ -68,3 +68,23 @@ def test_bad_input_is_an_attack_error(tiny):
     atk = make_attack("query-match", model=tiny)
     with pytest.raises(AttackError, match="no body layer"):
         atk.queries(torch.zeros(1, 64), 0)
+
+
+def test_the_gradient_search_descends_in_the_query_space(tiny, taps):
+    """The SipIt-style search that finds a token the proposer missed compares the candidate's query, not its
+    state, with the observed query (before: the state, which matches nothing)."""
+    from attacks.recipes.vocab_match import _PrefixCache
+    from attacks.taps import TruncatedForward
+
+    atk = make_attack("query-match", model=tiny, proposer_tokens=2000, random_tokens=512, grad_steps=30,
+                      grad_check=5, grad_topk=2).fit(taps.select_sequences(range(4, 20)))
+    test = taps.select_sequences([0])
+    obs = torch.from_numpy(atk._observed(test).hidden[0])  # (H * D_h,) the first position's query
+    emb = tiny.model.get_input_embeddings().weight.detach()  # (V, d_e)
+    ctx = {"stack": TruncatedForward(tiny.model, 2).eval(), "embed": tiny.model.get_input_embeddings(),
+           "device": torch.device("cpu"), "emb": emb, "emb_std": float(emb.std()), "cache": _PrefixCache(),
+           "obs": obs, "pos": torch.tensor([0]), "tried": np.zeros(len(emb), bool), "ids": [], "dists": [],
+           "best": float("inf"), "best_kv": None, "forwards": 0, "grad_steps": 0}
+    with torch.no_grad():  # as in the search (_invert), which turns gradients on for the descent alone
+        assert atk._gradient_search(ctx, emb.mean(0))
+    assert int(np.concatenate(ctx["ids"])[np.argmin(np.concatenate(ctx["dists"]))]) == int(test.token_ids[0])
