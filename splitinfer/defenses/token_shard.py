@@ -13,7 +13,9 @@ between the parties inside every layer (attention at a position reads the keys a
 one, held by the other parties). :func:`cost_per_step` gives a lower bound on that exchange for one decode
 step, the figure a deployment would pay on top of the client's round trip. Deviation from Cascade's own
 accounting: its compute and attention nodes, and its sharding schemes, are not modelled; the bound counts
-only what any scheme that keeps the rows apart must move.
+only what any scheme that keeps the rows apart must move. That cheapest exchange is not private: it sends each
+position's query to the other parties, and the ``query-match`` attack (:mod:`attacks.recipes.query_match`)
+measures what a party recovers from the queries it receives.
 """
 
 from __future__ import annotations
