@@ -3,24 +3,25 @@
 Token sharding (Cascade, Thomas et al., "Cascade: Token-Sharded Private LLM Inference", ICML 2025, arXiv
 2507.05228) keeps each position's hidden state on the body party that holds it. Attention at that position
 needs the keys and values of every earlier position, which the other parties hold, so something crosses between
-parties in every layer: in the cheapest exact exchange (the one :func:`splitinfer.defenses.token_shard.cost_per_step`
-counts) the position's query goes out to the other parties, and in Cascade its attention nodes receive the
-query, key and value rows of shards they do not hold. ``shard-infill`` measures what a party recovers from the
-states of its own positions; this recipe measures what a party recovers from the queries it receives.
+parties in every layer: in the cheapest exact exchange (the one
+:func:`splitinfer.defenses.token_shard.cost_per_step` counts) the position's query goes out to the other
+parties, and in Cascade its attention nodes receive query, key and value rows of shards they do not hold.
+``shard-infill`` measures what a party recovers from the states of its own positions; this recipe measures what
+a party recovers from the queries it receives.
 
 What it sees: the first body layer's query rows, ``q = W_q RMSNorm(h)`` (then the query norm on families that
 have one: per head on Gemma 3 and Qwen 3, over all heads on OLMo 2, which has no norm before), before the rotary
-embedding. The rotation is the same known orthogonal map for
-every candidate at a position, and the receiving party knows the position (it masks its keys causally by it), so
-it can undo it. Observed queries are rounded to the victim's wire dtype, as they would be sent.
+embedding. The rotation is the same known orthogonal map for every candidate at a position, and the receiving
+party knows the position (it masks its keys causally by it), so it can undo it. Observed queries are rounded to
+the victim's wire dtype, as they would be sent.
 
 The search is :class:`AdaptiveVocabMatch`'s exact matching (undefended: left to right, the whole vocabulary
 reachable, accepted at the match) in the query space: every candidate's head state goes through the same public
 map (:meth:`observed_view`, through which the gradient-guided search descends too) and is compared with the
 observed query, and the ridge proposer that orders the candidates is fitted on the queries of the attacker's own
-training text and of random token sequences. The query map reads the whole state
-where ``W_q`` has full column rank (the default model's first body layer at head depth 2 and 8: 576 x 576, rank
-576; Gemma 3 270M's: 1024 x 640, rank 640), so the query fixes the normalised state and exact matching applies.
+training text and of random token sequences. The query map reads the whole state where ``W_q`` has full column
+rank (the default model's first body layer at head depth 2 and 8: 576 x 576, rank 576; Gemma 3 270M's: 1024 x
+640, rank 640), so the query fixes the normalised state and exact matching applies.
 
 Threat model: white-box (exact): the public local layers and the first body layer's public weights (the party
 runs that layer itself); never the state rows of positions it does not hold (:meth:`_observed` replaces the taps
@@ -103,7 +104,6 @@ class QueryMatch(AdaptiveVocabMatch):
     def _fit(self, train: Taps, val: Taps | None, trainer: Any) -> None:
         self._states_like = train
         super()._fit(self._view(train), self._view(val) if val is not None else None, trainer)
-        self.wire = wire_dtype_of(train)
 
     def _random_taps(self, like: Taps, n_tokens: int, length: int = 64) -> Taps:
         states = super()._random_taps(self._states_like if self._states_like is not None else like, n_tokens, length)
@@ -111,7 +111,7 @@ class QueryMatch(AdaptiveVocabMatch):
 
     def _observed(self, taps: Taps) -> Taps:
         self._depth = int(taps.meta.get("depth") or 0)
-        return self._view(taps, getattr(self, "wire", None))
+        return self._view(taps, wire_dtype_of(taps))  # as the victim's wire rounds what it sends
 
     def observed_view(self, h: torch.Tensor) -> torch.Tensor:  # (B, d) -> (B, H * D_h)
         return self.queries(h, self._depth).to(h.device, h.dtype)

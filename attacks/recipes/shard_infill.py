@@ -25,9 +25,10 @@ undefended matcher (``vocab-match-adaptive``, 100% on the default model).
 
 Deviations from Cascade: only the states at the split's head depth are used (a party also sees its positions'
 states at every later body layer, and an attention party sees query, key and value rows of other shards:
-more, not less, than this attack reads; ``query-match`` reads the queries); sharding is round-robin rather than the paper's schemes; the serving
-runtime does not run sharded bodies (:func:`splitinfer.defenses.token_shard.cost_per_step` gives what a
-sharded step would cost in round trips and bytes).
+more, not less, than this attack reads; ``query-match`` reads the queries); sharding is round-robin rather than
+the paper's schemes; the serving runtime does not run sharded bodies
+(:func:`splitinfer.defenses.token_shard.cost_per_step` gives what a sharded step would cost in round trips and
+bytes).
 """
 
 from __future__ import annotations

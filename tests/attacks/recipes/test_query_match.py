@@ -34,7 +34,8 @@ def test_the_queries_alone_give_back_the_text(tiny, taps):
     factor = np.random.default_rng(0).uniform(0.5, 4.0, size=test.n_tokens).astype(np.float32)
     assert np.array_equal(atk.invert(_scaled(test, factor), k=3).tokens, inv.tokens)
     view = atk._observed(test)
-    assert view.hidden.shape == (test.n_tokens, tiny.model.config.num_attention_heads * 16) and view.meta["view"] == "query"
+    heads = tiny.model.config.num_attention_heads
+    assert view.hidden.shape == (test.n_tokens, heads * 16) and view.meta["view"] == "query"
 
 
 def _captured_queries(model: torch.nn.Module, ids: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
