@@ -9,7 +9,7 @@ A results document looks like::
       "config": {...},              # model + sha256, corpus manifests, split, seeds
       "git_hash": "3f2a...",        # or "unknown" outside a git checkout
       "git_dirty": false,           # or null when unknown
-      "versions": {"python": "3.11.7", "torch": "2.4.0", ...},  # null when missing
+      "versions": {"python": "3.11.7", "torch": "2.4.0", ...},  # null when missing; + torch's CPU ISA
       "date": "2025-01-01T12:00:00+00:00",
       "results": {
         "<run>": {"<metric>": {"value": 0.93, "ci_low": 0.91, "ci_high": 0.95,
@@ -229,8 +229,13 @@ def plugin_change(before: list[dict] | None, after: list[dict] | None) -> str | 
 
 
 def package_versions() -> dict[str, str | None]:
-    """Versions of python and the packages results depend on; None if not installed."""
-    versions: dict[str, str | None] = {"python": platform.python_version()}
+    """Versions of python and the packages results depend on; None if not installed. ``torch_cpu_capability``
+    (AVX2, AVX512, ...) names the instruction set torch's CPU kernels ran with: float results, and the digests
+    of profiles calibrated from them, can differ in their last bits between machines that differ here."""
+    import torch
+
+    versions: dict[str, str | None] = {"python": platform.python_version(),
+                                       "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
     for name in _VERSIONED_PACKAGES:
         try:
             versions[name] = importlib.metadata.version(name)

@@ -38,6 +38,10 @@ def test_new_results_fills_the_header(tmp_path):
     assert res["git_hash"] == "unknown" and res["git_dirty"] is None
     assert set(res["versions"]) >= {"python", "torch", "transformers", "numpy", "splitinfer"}
     assert res["versions"]["numpy"] == np.__version__
+    # the instruction set torch's CPU kernels used: float results can differ in their last bits across it
+    import torch
+
+    assert res["versions"]["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert datetime.fromisoformat(res["date"]).utcoffset().total_seconds() == 0
     schema.validate(res)
 
